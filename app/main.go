@@ -1,0 +1,79 @@
+// Command promoflow runs the promotion and catalog contexts of the promotion
+// pipeline, and their operator commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `promoflow: promotion expiry and promotion boost pipeline.
+
+Usage:
+  promoflow promotion [flags]    run the promotion context (purchase API, expirer, outbox relay)
+  promoflow migrate up|status    apply or list the embedded database migrations
+  promoflow help                 show this help
+
+Run "promoflow <command> --help" for the settings of a command.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "promoflow:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return errors.New("a command is required")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "promotion":
+		return runPromotion(ctx, rest)
+	case "migrate":
+		return runMigrate(ctx, rest)
+	case "help", "-h", "--help":
+		fmt.Fprint(os.Stdout, usage)
+		return nil
+	}
+	fmt.Fprint(os.Stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// runAll runs every part until ctx ends or one part fails, then stops the rest
+// and waits for all of them. context.Canceled on shutdown is not an error.
+func runAll(ctx context.Context, log *slog.Logger, parts ...func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(parts))
+	for _, part := range parts {
+		go func() {
+			err := part(ctx)
+			cancel()
+			errc <- err
+		}()
+	}
+	var errs []error
+	for range parts {
+		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+	}
+	log.Info("stopped")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/app/api"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/router"
+)
+
+// promotionConfig is the promotion process's configuration.
+type promotionConfig struct {
+	commonConfig
+	Topic             string
+	APITokens         string
+	ExpireInterval    time.Duration
+	ExpireBatchSize   int
+	ExpireMaxDuration time.Duration
+	OutboxPoll        time.Duration
+	OutboxBatchSize   int
+	TopicPartitions   int
+	TopicReplication  int
+	CreateTopics      bool
+}
+
+func (c *promotionConfig) register(s *settings) {
+	c.commonConfig.register(s, ":8080")
+	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
+	s.str(&c.APITokens, "api-tokens", "PROMOTION_API_TOKENS", "", "bearer tokens of tenant managers: token=tenant-uuid,...")
+	s.dur(&c.ExpireInterval, "expire-interval", "EXPIRE_INTERVAL", 60*time.Second, "time between expirer cycles (seed range 1m..5m)")
+	s.int(&c.ExpireBatchSize, "expire-batch-size", "EXPIRE_BATCH_SIZE", expire.BatchSizeDefault, "most purchases one expirer transaction takes")
+	s.dur(&c.ExpireMaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog")
+	s.dur(&c.OutboxPoll, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "how often the relay polls an idle outbox")
+	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", 500, "outbox rows the relay reads per query")
+	s.int(&c.TopicPartitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", 6, "partitions of a topic this process creates")
+	s.int(&c.TopicReplication, "topic-replication", "KAFKA_TOPIC_REPLICATION", 1, "replication factor of a topic this process creates")
+	s.bool(&c.CreateTopics, "create-topics", "KAFKA_CREATE_TOPICS", true, "create the event topic at start when it is missing")
+}
+
+func (c promotionConfig) validate() error {
+	errs := []error{c.commonConfig.validate()}
+	if _, err := api.ParseTokens(c.APITokens); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ExpireInterval <= 0 {
+		errs = append(errs, errors.New("expire interval must be positive"))
+	}
+	if c.TopicPartitions < 1 || c.TopicReplication < 1 {
+		errs = append(errs, errors.New("topic partitions and replication must be >= 1"))
+	}
+	return errors.Join(errs...)
+}
+
+func runPromotion(ctx context.Context, args []string) error {
+	var cfg promotionConfig
+	s := newSettings("promotion", "Runs the promotion context: the purchase API, the expirer and the outbox relay.")
+	cfg.register(s)
+	if err := s.parse(args); err != nil {
+		return err
+	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log := newLogger(cfg.LogLevel, "promotion")
+	tokens, _ := api.ParseTokens(cfg.APITokens)
+	if len(tokens) == 0 {
+		log.Warn("no API tokens configured: every purchase API call answers 401")
+	}
+
+	db, err := openDB(ctx, cfg.commonConfig, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	brokers := splitList(cfg.KafkaBrokers)
+	if cfg.CreateTopics {
+		if err := router.EnsureTopics(brokers, int32(cfg.TopicPartitions), int16(cfg.TopicReplication), cfg.Topic); err != nil {
+			return err
+		}
+	}
+
+	reg := newRegistry()
+	metrics, err := router.NewPromotionMetrics(reg)
+	if err != nil {
+		return err
+	}
+	exp, err := expire.New(db, expire.Config{BatchSize: cfg.ExpireBatchSize, MaxDuration: cfg.ExpireMaxDuration, Topic: cfg.Topic}, log)
+	if err != nil {
+		return err
+	}
+	r, err := router.NewPromotion(db, exp, metrics, log, router.PromotionConfig{
+		Brokers: brokers, ExpireInterval: cfg.ExpireInterval,
+		OutboxPollInterval: cfg.OutboxPoll, OutboxBatchSize: cfg.OutboxBatchSize,
+	})
+	if err != nil {
+		return err
+	}
+
+	mux := newMux(reg, dbReady(db), routerReady(r.Router.IsRunning))
+	(&api.Promotions{Service: &purchase.Service{DB: db, Topic: cfg.Topic}, Tokens: tokens, Log: log}).Register(mux)
+	return runAll(ctx, log,
+		func(ctx context.Context) error { return r.Run(ctx) },
+		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, mux, log) },
+	)
+}
+
+func dbReady(db *sqlx.DB) readyCheck {
+	return func(ctx context.Context) error {
+		if err := db.PingContext(ctx); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+		return nil
+	}
+}
+
+func routerReady(running func() bool) readyCheck {
+	return func(context.Context) error {
+		if !running() {
+			return errors.New("router is not running")
+		}
+		return nil
+	}
+}
+

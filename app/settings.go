@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// settings maps every flag to its environment variable in one place. A flag
+// given on the command line wins over the variable, which wins over the default.
+type settings struct {
+	fs   *flag.FlagSet
+	envs map[string]string // flag name → env var
+}
+
+func newSettings(name, summary string) *settings {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	s := &settings{fs: fs, envs: map[string]string{}}
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage: promoflow %s [flags]\n\n%s\n\nSettings (flag, environment variable, default):\n", name, summary)
+		fs.VisitAll(func(f *flag.Flag) {
+			def := f.DefValue
+			if def == "" {
+				def = `""`
+			}
+			fmt.Fprintf(out, "  --%-24s $%-28s default %s\n      %s\n", f.Name, s.envs[f.Name], def, f.Usage)
+		})
+	}
+	return s
+}
+
+func (s *settings) str(p *string, name, env, def, usage string) {
+	s.fs.StringVar(p, name, def, usage)
+	s.envs[name] = env
+}
+
+func (s *settings) int(p *int, name, env string, def int, usage string) {
+	s.fs.IntVar(p, name, def, usage)
+	s.envs[name] = env
+}
+
+func (s *settings) dur(p *time.Duration, name, env string, def time.Duration, usage string) {
+	s.fs.DurationVar(p, name, def, usage)
+	s.envs[name] = env
+}
+
+func (s *settings) bool(p *bool, name, env string, def bool, usage string) {
+	s.fs.BoolVar(p, name, def, usage)
+	s.envs[name] = env
+}
+
+// parse reads args, then fills every flag not given from its environment variable.
+func (s *settings) parse(args []string) error {
+	if err := s.fs.Parse(args); err != nil {
+		return err
+	}
+	if s.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(s.fs.Args(), " "))
+	}
+	given := map[string]bool{}
+	s.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	s.fs.VisitAll(func(f *flag.Flag) {
+		env := s.envs[f.Name]
+		val, ok := os.LookupEnv(env)
+		if given[f.Name] || !ok || env == "" {
+			return
+		}
+		if err := s.fs.Set(f.Name, val); err != nil {
+			errs = append(errs, fmt.Errorf("$%s=%q: %w", env, val, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// splitList splits a comma-separated setting, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

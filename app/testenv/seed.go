@@ -1,0 +1,76 @@
+package testenv
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// SeedActive inserts n Active purchases of one tenant with the given EndsAt,
+// straight into the table (no outbox event), and returns their ids.
+func SeedActive(t testing.TB, db *sqlx.DB, n int, endsAt time.Time) []uuid.UUID {
+	t.Helper()
+	tenant := uuid.New()
+	ids := make([]string, n)
+	targets := make([]string, n)
+	out := make([]uuid.UUID, n)
+	for i := range n {
+		out[i] = uuid.New()
+		ids[i] = out[i].String()
+		raw, _ := json.Marshal([]event.Target{{TargetKind: event.TargetProject, TargetId: uuid.New()}})
+		targets[i] = string(raw)
+	}
+	_, err := db.Exec(`INSERT INTO promotion.promotion_purchases
+		(id, tenant_id, package_kind, targets, boost_weight, status, payment_status, starts_at, ends_at, created_at, updated_at, version)
+		SELECT u.id, $1, 'Top', u.targets::jsonb, 10, 'Active', 'NotRequired', $2::timestamptz - interval '1 day', $2, now(), now(), 1
+		FROM unnest($3::uuid[], $4::text[]) AS u(id, targets)`,
+		tenant, endsAt, pq.Array(ids), pq.Array(targets))
+	require.NoError(t, err)
+	return out
+}
+
+// OutboxEvents decodes every event in the outbox, in outbox order.
+func OutboxEvents(t testing.TB, db *sqlx.DB) []event.PurchaseChanged {
+	t.Helper()
+	var payloads [][]byte
+	require.NoError(t, db.Select(&payloads, `SELECT payload::text::bytea FROM promotion.outbox_messages ORDER BY transaction_id, "offset"`))
+	out := make([]event.PurchaseChanged, 0, len(payloads))
+	for _, p := range payloads {
+		var env struct {
+			Payload []byte `json:"payload"`
+		}
+		require.NoError(t, json.Unmarshal(p, &env))
+		ev, err := event.Parse(env.Payload)
+		require.NoError(t, err)
+		out = append(out, ev)
+	}
+	return out
+}
+
+// State is a purchase's status and version.
+type State struct {
+	Status  event.Status `db:"status"`
+	Version int64        `db:"version"`
+}
+
+// Statuses maps purchase id to its state.
+func Statuses(t testing.TB, db *sqlx.DB) map[uuid.UUID]State {
+	t.Helper()
+	var rows []struct {
+		ID uuid.UUID `db:"id"`
+		State
+	}
+	require.NoError(t, db.Select(&rows, `SELECT id, status, version FROM promotion.promotion_purchases`))
+	out := make(map[uuid.UUID]State, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.State
+	}
+	return out
+}

@@ -1,0 +1,134 @@
+// Package testenv gives tests their own database and Kafka topics on the real
+// PostgreSQL and Kafka named by DATABASE_URL and KAFKA_BROKERS (scripts/test.sh
+// starts both). Nothing here fakes either.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // PostgreSQL driver
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/sqlmigrate"
+)
+
+func mustEnv(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("$%s is not set: run the tests with scripts/test.sh, which starts PostgreSQL and Kafka", name)
+	}
+	return v
+}
+
+// RandomSuffix is a short random hex string for names.
+func RandomSuffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// DatabaseURL creates an empty database for the test, dropped at cleanup, and
+// returns its URL.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	base := mustEnv(t, "DATABASE_URL")
+	admin, err := sqlx.Open("postgres", base)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close() })
+
+	name := "pf_test_" + RandomSuffix()
+	_, err = admin.Exec(`CREATE DATABASE ` + name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
+	})
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
+}
+
+// DB is a migrated database of the test's own.
+func DB(t testing.TB) *sqlx.DB {
+	t.Helper()
+	db, err := sqlx.Open("postgres", DatabaseURL(t))
+	require.NoError(t, err)
+	db.SetMaxOpenConns(40)
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = sqlmigrate.Up(ctx, db.DB)
+	require.NoError(t, err)
+	return db
+}
+
+// Brokers are the Kafka bootstrap servers.
+func Brokers(t testing.TB) []string {
+	t.Helper()
+	return strings.Split(mustEnv(t, "KAFKA_BROKERS"), ",")
+}
+
+// Topic creates a topic of the test's own with the given partitions.
+func Topic(t testing.TB, partitions int32) string {
+	t.Helper()
+	name := "pf-test-" + RandomSuffix()
+	require.NoError(t, router.EnsureTopics(Brokers(t), partitions, 1, name))
+	return name
+}
+
+// ReadTopic consumes every partition of topic from the oldest offset until done
+// returns true for what has arrived, or fails the test after timeout.
+func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*sarama.ConsumerMessage) bool) []*sarama.ConsumerMessage {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = router.KafkaVersion
+	consumer, err := sarama.NewConsumer(Brokers(t), cfg)
+	require.NoError(t, err)
+	defer consumer.Close()
+	parts, err := consumer.Partitions(topic)
+	require.NoError(t, err)
+
+	in := make(chan *sarama.ConsumerMessage, 1024)
+	for _, p := range parts {
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		defer pc.Close()
+		go func() {
+			for m := range pc.Messages() {
+				in <- m
+			}
+		}()
+	}
+	var got []*sarama.ConsumerMessage
+	deadline := time.After(timeout)
+	for !done(got) {
+		select {
+		case m := <-in:
+			got = append(got, m)
+		case <-deadline:
+			t.Fatalf("topic %s: condition not met within %s; %d records arrived", topic, timeout, len(got))
+		}
+	}
+	return got
+}
+
+// Header returns a record header's value.
+func Header(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,158 @@
+// Package event defines the PromotionPurchaseChanged contract of topic
+// pin.promotion.purchase-changed.v1. The promotion context produces it and the
+// catalog context consumes it; both import this package and nothing else
+// defines the payload.
+package event
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Topic is the Kafka topic the outbox relays purchase changes to.
+const Topic = "pin.promotion.purchase-changed.v1"
+
+// ContractVersion is the version this build produces and expects.
+const ContractVersion = "1"
+
+// Event metadata keys. The Kafka publisher turns metadata into record headers.
+const (
+	HeaderContractVersion = "contract_version"
+	HeaderEventType       = "event_type"
+	HeaderAggregateType   = "aggregate_type"
+	HeaderAggregateID     = "aggregate_id"
+	HeaderOccurredAt      = "occurred_at"
+	HeaderCorrelationID   = "correlation_id"
+	HeaderTenantID        = "tenant_id"
+)
+
+// EventType and AggregateType are the values of the event_type and aggregate_type headers.
+const (
+	EventType     = "PromotionPurchaseChanged"
+	AggregateType = "PromotionPurchase"
+)
+
+// Status is the lifecycle state of a purchase.
+type Status string
+
+// The purchase statuses. Expired and Cancelled are terminal (INV-6).
+const (
+	StatusPending   Status = "Pending"
+	StatusActive    Status = "Active"
+	StatusExpired   Status = "Expired"
+	StatusCancelled Status = "Cancelled"
+)
+
+// Valid reports whether s is one of the four statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusPending, StatusActive, StatusExpired, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// Terminal reports whether no transition leaves s (INV-6).
+func (s Status) Terminal() bool { return s == StatusExpired || s == StatusCancelled }
+
+// TargetKind is what a purchase promotes.
+type TargetKind string
+
+// The target kinds. Post targets belong to the news context.
+const (
+	TargetProject        TargetKind = "Project"
+	TargetPropertyObject TargetKind = "PropertyObject"
+	TargetPost           TargetKind = "Post"
+)
+
+// Valid reports whether k is one of the three target kinds.
+func (k TargetKind) Valid() bool {
+	return k == TargetProject || k == TargetPropertyObject || k == TargetPost
+}
+
+// Target is one promoted entity.
+type Target struct {
+	TargetKind TargetKind `json:"TargetKind"`
+	TargetId   uuid.UUID  `json:"TargetId"`
+}
+
+// PurchaseChanged is the JSON payload of one purchase state change. It carries no PII.
+type PurchaseChanged struct {
+	PurchaseId    uuid.UUID `json:"PurchaseId"`
+	TenantId      uuid.UUID `json:"TenantId"`
+	PackageKind   string    `json:"PackageKind"`
+	Targets       []Target  `json:"Targets"`
+	BoostWeight   int       `json:"BoostWeight"`
+	Status        Status    `json:"Status"`
+	PaymentStatus string    `json:"PaymentStatus"`
+	StartsAt      time.Time `json:"StartsAt"`
+	EndsAt        time.Time `json:"EndsAt"`
+	Version       int64     `json:"Version"`
+}
+
+// ContractError is a payload that breaks the contract. Consumers dead-letter it
+// without retry.
+type ContractError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ContractError) Error() string {
+	if e.Field == "" {
+		return "contract violation: " + e.Reason
+	}
+	return fmt.Sprintf("contract violation: %s: %s", e.Field, e.Reason)
+}
+
+// Parse decodes and validates a payload. Every failure is a *ContractError.
+// Unknown fields are ignored so that additive contract changes stay compatible.
+func Parse(payload []byte) (PurchaseChanged, error) {
+	var ev PurchaseChanged
+	if err := json.Unmarshal(payload, &ev); err != nil {
+		return PurchaseChanged{}, &ContractError{Reason: "malformed JSON: " + err.Error()}
+	}
+	if err := ev.Validate(); err != nil {
+		return PurchaseChanged{}, err
+	}
+	return ev, nil
+}
+
+// Validate checks the rules every consumer relies on: a purchase id, Version >= 1,
+// BoostWeight 1..100, a known Status and well-formed targets.
+func (e PurchaseChanged) Validate() error {
+	var errs []error
+	bad := func(field, reason string) { errs = append(errs, &ContractError{Field: field, Reason: reason}) }
+	if e.PurchaseId == uuid.Nil {
+		bad("PurchaseId", "must not be empty")
+	}
+	if e.Version < 1 {
+		bad("Version", "must be >= 1")
+	}
+	if e.BoostWeight < 1 || e.BoostWeight > 100 {
+		bad("BoostWeight", "must be within 1..100")
+	}
+	if !e.Status.Valid() {
+		bad("Status", fmt.Sprintf("unknown status %q", e.Status))
+	}
+	if len(e.Targets) == 0 {
+		bad("Targets", "must not be empty")
+	}
+	for i, t := range e.Targets {
+		if !t.TargetKind.Valid() {
+			bad(fmt.Sprintf("Targets[%d].TargetKind", i), fmt.Sprintf("unknown kind %q", t.TargetKind))
+		}
+		if t.TargetId == uuid.Nil {
+			bad(fmt.Sprintf("Targets[%d].TargetId", i), "must not be empty")
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	// The first violation is the one a DLQ reason names; all are in the message.
+	first := errs[0].(*ContractError)
+	return &ContractError{Field: first.Field, Reason: errors.Join(errs...).Error()}
+}

@@ -1,0 +1,51 @@
+package expire
+
+import (
+	"cmp"
+	"errors"
+	"time"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// Defaults of Config, from the seed's schedule table.
+const (
+	BatchSizeDefault    = 200
+	MaxDurationDefault  = 30 * time.Second
+	BatchTimeoutDefault = 15 * time.Second
+)
+
+// Config tunes the expirer.
+type Config struct {
+	// BatchSize is the most purchases one transaction expires. Defaults to 200.
+	BatchSize int
+	// MaxDuration bounds one cycle; what is left is taken by the next. Defaults to 30s.
+	MaxDuration time.Duration
+	// BatchTimeout bounds one batch transaction. A batch under way when the
+	// process stops runs on to commit within it, or rolls back whole. Defaults to 15s.
+	BatchTimeout time.Duration
+	// Topic is the event's destination topic. Defaults to event.Topic.
+	Topic string
+}
+
+func (c *Config) setDefaults() {
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.MaxDuration = cmp.Or(c.MaxDuration, MaxDurationDefault)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, BatchTimeoutDefault)
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+}
+
+// Validate reports every out-of-range setting.
+func (c Config) Validate() error {
+	var errs []error
+	if c.BatchSize < 1 || c.BatchSize > 10_000 {
+		errs = append(errs, errors.New("expire batch size must be within 1..10000"))
+	}
+	if c.MaxDuration <= 0 {
+		errs = append(errs, errors.New("expire max duration must be positive"))
+	}
+	if c.BatchTimeout <= 0 {
+		errs = append(errs, errors.New("expire batch timeout must be positive"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,241 @@
+// Package expire is ExpirePromotionsJob: one cycle moves every Active purchase
+// with EndsAt <= AsOf to Expired, batch by batch, and writes one Expired event
+// per purchase into the outbox in the batch's transaction.
+package expire
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/handlers/purchase"
+)
+
+// Result is what one cycle did; the router turns it into metrics.
+type Result struct {
+	RunID              string
+	AsOf               time.Time
+	Batches            int
+	ExpiredCount       int
+	PoisonCount        int
+	SkippedLockedCount int
+	// Backlog is the due Active purchases left when the cycle ended.
+	Backlog  int
+	Duration time.Duration
+	// Interrupted is set when the process stopped the cycle between batches.
+	Interrupted bool
+}
+
+// Expirer runs expiry cycles. Instances in several processes cooperate through
+// row locks alone (no global lock, ADR-0056).
+type Expirer struct {
+	db  *sqlx.DB
+	cfg Config
+	log *slog.Logger
+	// Now is the clock for AsOf. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// New validates cfg (after defaults) and returns an Expirer.
+func New(db *sqlx.DB, cfg Config, log *slog.Logger) (*Expirer, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Expirer{db: db, cfg: cfg, log: log, Now: time.Now}, nil
+}
+
+// RunCycle takes batches until the backlog is drained or MaxDuration is spent.
+// An infrastructure error rolls back the batch under way and ends the cycle
+// (batches committed before it stay); the next cycle retries. A cancelled ctx
+// stops the cycle between batches and is not an error.
+func (e *Expirer) RunCycle(ctx context.Context) (Result, error) {
+	start := time.Now()
+	res := Result{RunID: uuid.NewString(), AsOf: e.Now().UTC()}
+	log := e.log.With("runId", res.RunID)
+	log.Info("cycle started", "AsOf", res.AsOf)
+
+	poison := map[uuid.UUID]bool{}
+	drained := false
+	for time.Since(start) < e.cfg.MaxDuration {
+		if ctx.Err() != nil {
+			res.Interrupted = true
+			break
+		}
+		b, err := e.batch(ctx, log, res, poison)
+		if err != nil {
+			res.Duration = time.Since(start)
+			return res, err
+		}
+		res.Batches++
+		res.ExpiredCount += b.expired
+		res.PoisonCount += b.poison
+		if b.selected < e.cfg.BatchSize {
+			drained = true
+			break
+		}
+	}
+
+	if !res.Interrupted {
+		if err := e.countLeft(ctx, &res, poison, drained); err != nil {
+			res.Duration = time.Since(start)
+			return res, err
+		}
+	}
+	res.Duration = time.Since(start)
+	log.Info("cycle completed", "ExpiredCount", res.ExpiredCount, "PoisonCount", res.PoisonCount,
+		"SkippedLockedCount", res.SkippedLockedCount, "Backlog", res.Backlog, "Batches", res.Batches,
+		"DurationMs", res.Duration.Milliseconds(), "Interrupted", res.Interrupted)
+	return res, nil
+}
+
+type batchResult struct{ selected, expired, poison int }
+
+// batch is one transaction. It runs on a context that shutdown does not cancel,
+// bounded by BatchTimeout, so that it commits or rolls back whole.
+func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, poison map[uuid.UUID]bool) (batchResult, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), e.cfg.BatchTimeout)
+	defer cancel()
+
+	tx, err := e.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return batchResult{}, fmt.Errorf("begin batch: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+
+	rows, err := selectDue(ctx, tx, res.AsOf, e.cfg.BatchSize, poison)
+	if err != nil {
+		return batchResult{}, err
+	}
+	log.Info("batch selected", "count", len(rows))
+
+	due := make([]purchase.Purchase, 0, len(rows))
+	for _, r := range rows {
+		p, err := r.Decode()
+		if err == nil {
+			err = p.Check()
+		}
+		if err == nil {
+			err = p.Expire(res.AsOf)
+		}
+		if err != nil {
+			// Poison: left Active for the next cycle, never retried in this one,
+			// so it cannot starve healthy rows behind it.
+			poison[r.ID] = true
+			log.Error("item failed", "PurchaseId", r.ID, "error", err.Error())
+			continue
+		}
+		due = append(due, p)
+	}
+	b := batchResult{selected: len(rows), poison: len(rows) - len(due)}
+	if len(due) == 0 {
+		return b, tx.Commit()
+	}
+
+	expired, err := markExpired(ctx, tx, res.AsOf, due)
+	if err != nil {
+		return batchResult{}, err
+	}
+	msgs := make([]*message.Message, 0, len(expired))
+	for _, p := range expired {
+		msg, err := event.NewMessage(p.Event(), res.RunID, res.AsOf)
+		if err != nil {
+			return batchResult{}, err
+		}
+		msgs = append(msgs, msg)
+	}
+	if err := outbox.PublishTx(tx, e.cfg.Topic, msgs...); err != nil {
+		return batchResult{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return batchResult{}, fmt.Errorf("commit batch: %w", err)
+	}
+	for _, p := range expired {
+		log.Info("promotion expired", "PurchaseId", p.ID, "TenantId", p.TenantID,
+			"PackageKind", p.PackageKind, "targets", len(p.Targets))
+	}
+	b.expired = len(expired)
+	return b, nil
+}
+
+// selectDue locks up to limit due purchases, oldest EndsAt first.
+// SKIP LOCKED: a row held by another instance, or by a manager's in-flight
+// cancel, is left for later (seed: race with POST /promotions/{id}/cancel).
+func selectDue(ctx context.Context, tx *sqlx.Tx, asOf time.Time, limit int, poison map[uuid.UUID]bool) ([]purchase.Row, error) {
+	var rows []purchase.Row
+	err := tx.SelectContext(ctx, &rows, `SELECT `+purchase.Columns+`
+		FROM promotion.promotion_purchases
+		WHERE status = 'Active' AND ends_at <= $1 AND id <> ALL($2::uuid[])
+		ORDER BY ends_at
+		LIMIT $3
+		FOR UPDATE SKIP LOCKED`, asOf, pq.Array(keys(poison)), limit)
+	if err != nil {
+		return nil, fmt.Errorf("select candidates: %w", err)
+	}
+	return rows, nil
+}
+
+// markExpired writes the transitions made by Purchase.Expire in one statement.
+// The version and status guard keeps a purchase from two terminal transitions;
+// only the rows it returns get an event.
+func markExpired(ctx context.Context, tx *sqlx.Tx, asOf time.Time, due []purchase.Purchase) ([]purchase.Purchase, error) {
+	ids := make([]string, len(due))
+	versions := make([]int64, len(due))
+	byID := make(map[uuid.UUID]purchase.Purchase, len(due))
+	for i, p := range due {
+		ids[i], versions[i] = p.ID.String(), p.Version-1
+		byID[p.ID] = p
+	}
+	var updated []uuid.UUID
+	err := tx.SelectContext(ctx, &updated, `UPDATE promotion.promotion_purchases p
+		SET status = 'Expired', updated_at = $1, version = p.version + 1
+		FROM unnest($2::uuid[], $3::bigint[]) AS u(id, version)
+		WHERE p.id = u.id AND p.version = u.version AND p.status = 'Active'
+		RETURNING p.id`, asOf, pq.Array(ids), pq.Array(versions))
+	if err != nil {
+		return nil, fmt.Errorf("mark expired: %w", err)
+	}
+	out := make([]purchase.Purchase, 0, len(updated))
+	for _, id := range updated {
+		out = append(out, byID[id])
+	}
+	return out, nil
+}
+
+// countLeft sets Backlog and, when the cycle drained every row it could lock,
+// SkippedLockedCount: the due rows still Active that are not poison are held
+// by another instance or an in-flight cancel.
+func (e *Expirer) countLeft(ctx context.Context, res *Result, poison map[uuid.UUID]bool, drained bool) error {
+	var left struct {
+		All     int `db:"all_due"`
+		Healthy int `db:"healthy"`
+	}
+	err := e.db.GetContext(ctx, &left, `SELECT count(*) AS all_due,
+		count(*) FILTER (WHERE id <> ALL($2::uuid[])) AS healthy
+		FROM promotion.promotion_purchases WHERE status = 'Active' AND ends_at <= $1`,
+		res.AsOf, pq.Array(keys(poison)))
+	if err != nil {
+		return fmt.Errorf("count backlog: %w", err)
+	}
+	res.Backlog = left.All
+	if drained {
+		res.SkippedLockedCount = left.Healthy
+	}
+	return nil
+}
+
+func keys(m map[uuid.UUID]bool) []string {
+	out := make([]string, 0, len(m))
+	for id := range m {
+		out = append(out, id.String())
+	}
+	return out
+}

@@ -1,0 +1,51 @@
+// Package outbox writes events into the promotion context's SQL outbox, in the
+// caller's transaction, in the watermill-sql layout that the forwarder relays.
+package outbox
+
+import (
+	"fmt"
+
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ForwarderTopic is the watermill-sql topic that holds enveloped events.
+const ForwarderTopic = "promotion_outbox"
+
+// Tables created by sqlmigrate (0002_promotion_outbox.sql).
+const (
+	MessagesTable = "promotion.outbox_messages"
+	OffsetsTable  = "promotion.outbox_offsets"
+)
+
+// RelayConsumerGroup is the forwarder's consumer group in OffsetsTable.
+const RelayConsumerGroup = "promotion-outbox-relay"
+
+// Schema is the watermill-sql schema adapter for the outbox tables.
+func Schema(subscribeBatchSize int) wmsql.DefaultPostgreSQLSchema {
+	return wmsql.DefaultPostgreSQLSchema{
+		GenerateMessagesTableName: func(string) string { return MessagesTable },
+		SubscribeBatchSize:        subscribeBatchSize,
+	}
+}
+
+// Offsets is the watermill-sql offsets adapter for the outbox tables.
+func Offsets() wmsql.DefaultPostgreSQLOffsetsAdapter {
+	return wmsql.DefaultPostgreSQLOffsetsAdapter{
+		GenerateMessagesOffsetsTableName: func(string) string { return OffsetsTable },
+	}
+}
+
+// PublishTx enqueues msgs for destTopic in tx. They reach Kafka only if tx commits.
+func PublishTx(tx wmsql.ContextExecutor, destTopic string, msgs ...*message.Message) error {
+	pub, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: Schema(0)}, nil)
+	if err != nil {
+		return fmt.Errorf("outbox publisher: %w", err)
+	}
+	fwd := forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: ForwarderTopic})
+	if err := fwd.Publish(destTopic, msgs...); err != nil {
+		return fmt.Errorf("write outbox: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// KafkaVersion is the protocol version the clients speak. Kafka 4.x removed the
+// versions before 2.1 (KIP-896) that watermill-kafka's defaults pin (1.0).
+var KafkaVersion = sarama.V3_6_0_0
+
+// DurableProducerConfig is a Sarama producer that does not lose an acknowledged
+// event: acks=all, idempotent, one request in flight so retries keep order.
+func DurableProducerConfig(clientID string) *sarama.Config {
+	c := sarama.NewConfig()
+	c.ClientID = clientID
+	c.Version = KafkaVersion
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Idempotent = true
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Return.Successes = true
+	c.Producer.Retry.Max = 10
+	c.Producer.Retry.Backoff = 250 * time.Millisecond
+	c.Metadata.Retry.Backoff = time.Second
+	return c
+}
+
+// EnsureTopics creates the topics that do not exist yet.
+func EnsureTopics(brokers []string, partitions int32, replication int16, topics ...string) error {
+	cfg := sarama.NewConfig()
+	cfg.Version = KafkaVersion
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("connect kafka admin: %w", err)
+	}
+	defer admin.Close()
+	for _, topic := range topics {
+		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: replication}, false)
+		var te *sarama.TopicError
+		if errors.As(err, &te) && te.Err == sarama.ErrTopicAlreadyExists {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("create topic %s: %w", topic, err)
+		}
+	}
+	return nil
+}

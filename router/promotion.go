@@ -1,0 +1,191 @@
+package router
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/outbox"
+)
+
+// PromotionConfig wires the promotion router.
+type PromotionConfig struct {
+	// Brokers are the Kafka bootstrap servers the relay publishes to.
+	Brokers []string
+	// ExpireInterval is the time between expirer ticks. Defaults to 60s.
+	ExpireInterval time.Duration
+	// JanitorInterval is the time between outbox cleanups. Defaults to 5s.
+	JanitorInterval time.Duration
+	// OutboxPollInterval is how often the relay polls an idle outbox. Defaults to 100ms.
+	OutboxPollInterval time.Duration
+	// OutboxBatchSize is how many outbox rows the relay reads per query. Defaults to 500.
+	OutboxBatchSize int
+}
+
+func (c *PromotionConfig) setDefaults() {
+	c.ExpireInterval = cmp.Or(c.ExpireInterval, 60*time.Second)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, 5*time.Second)
+	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, 100*time.Millisecond)
+	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, 500)
+}
+
+// Validate reports every missing or out-of-range setting.
+func (c PromotionConfig) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("kafka brokers are required"))
+	}
+	if c.ExpireInterval <= 0 || c.JanitorInterval <= 0 || c.OutboxPollInterval <= 0 {
+		errs = append(errs, errors.New("intervals must be positive"))
+	}
+	if c.OutboxBatchSize < 1 {
+		errs = append(errs, errors.New("outbox batch size must be >= 1"))
+	}
+	return errors.Join(errs...)
+}
+
+// Promotion is the promotion context's single Watermill router: the ticker-fed
+// expirer, the outbox janitor, and the forwarder that relays the SQL outbox to Kafka.
+type Promotion struct {
+	Router  *message.Router
+	tickers []*tickSource
+	closers []func() error
+}
+
+// Topic names of the in-process tick streams.
+const (
+	expireTickTopic  = "promotion.expire.tick"
+	janitorTickTopic = "promotion.outbox-janitor.tick"
+)
+
+// NewPromotion builds the router. Run starts it.
+func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *slog.Logger, cfg PromotionConfig) (*Promotion, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	wlog := watermill.NewSlogLogger(log)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return nil, fmt.Errorf("new router: %w", err)
+	}
+	p := &Promotion{Router: r}
+
+	expireTicks := newTickSource(expireTickTopic, cfg.ExpireInterval, wlog)
+	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
+		res, err := exp.RunCycle(msg.Context())
+		m.ObserveCycle(res, err)
+		if err != nil {
+			// The next tick retries: the rows are still Active.
+			log.Error("expire cycle failed", "runId", res.RunID, "error", err.Error())
+		}
+		return nil
+	})
+
+	janitorTicks := newTickSource(janitorTickTopic, cfg.JanitorInterval, wlog)
+	r.AddConsumerHandler("outbox_janitor", janitorTickTopic, janitorTicks.pubsub, func(msg *message.Message) error {
+		cleaned, err := outbox.Cleanup(msg.Context(), db)
+		if err != nil {
+			log.Warn("outbox cleanup failed", "error", err.Error())
+		}
+		stats, err := outbox.ReadStats(msg.Context(), db)
+		if err != nil {
+			log.Warn("outbox stats failed", "error", err.Error())
+			return nil
+		}
+		m.ObserveOutbox(stats, cleaned)
+		return nil
+	})
+	p.tickers = []*tickSource{expireTicks, janitorTicks}
+
+	if err := p.addRelay(db, m, wlog, cfg); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// addRelay adds the forwarder: outbox rows in commit order → Kafka, keyed by
+// PurchaseId. A failed publish nacks the row, which is resent before any later
+// one, so per-purchase order holds and delivery is at least once.
+func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
+	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
+		ConsumerGroup:  outbox.RelayConsumerGroup,
+		SchemaAdapter:  outbox.Schema(cfg.OutboxBatchSize),
+		OffsetsAdapter: outbox.Offsets(),
+		PollInterval:   cfg.OutboxPollInterval,
+	}, wlog)
+	if err != nil {
+		return fmt.Errorf("outbox subscriber: %w", err)
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               cfg.Brokers,
+		Marshaler:             kafka.NewWithPartitioningMarshaler(event.PartitionKey),
+		OverwriteSaramaConfig: DurableProducerConfig("promoflow-promotion-relay"),
+	}, wlog)
+	if err != nil {
+		return fmt.Errorf("kafka publisher: %w", err)
+	}
+	p.closers = append(p.closers, pub.Close)
+	countRelayed := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				m.OutboxRelayed.Inc()
+			}
+			return out, err
+		}
+	}
+	_, err = forwarder.NewForwarder(sub, pub, wlog, forwarder.Config{
+		ForwarderTopic: outbox.ForwarderTopic,
+		Router:         p.Router,
+		Middlewares:    []message.HandlerMiddleware{countRelayed},
+	})
+	if err != nil {
+		return fmt.Errorf("outbox forwarder: %w", err)
+	}
+	return nil
+}
+
+// Run runs the router and its tickers until ctx is cancelled, then stops
+// gracefully: the batch under way commits or rolls back whole.
+func (p *Promotion) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-p.Router.Running():
+		case <-ctx.Done():
+			return
+		}
+		for _, t := range p.tickers {
+			wg.Add(1)
+			go func() { defer wg.Done(); t.run(ctx) }()
+		}
+	}()
+	err := p.Router.Run(ctx)
+	cancel()
+	for _, t := range p.tickers {
+		_ = t.pubsub.Close()
+	}
+	wg.Wait()
+	for _, c := range p.closers {
+		err = errors.Join(err, c())
+	}
+	return err
+}
