@@ -128,4 +128,3 @@ func routerReady(running func() bool) readyCheck {
 		return nil
 	}
 }
-

@@ -11,16 +11,16 @@ import (
 
 // PromotionMetrics are the promotion context's Prometheus series (SPEC §6).
 type PromotionMetrics struct {
-	RunTotal       prometheus.Counter
-	CycleDuration  prometheus.Histogram
-	Items          *prometheus.CounterVec
-	Backlog        prometheus.Gauge
-	SkipLocked     prometheus.Counter
-	Errors         *prometheus.CounterVec
-	OutboxBacklog  prometheus.Gauge
-	OutboxLag      prometheus.Gauge
-	OutboxRelayed  prometheus.Counter
-	OutboxCleaned  prometheus.Counter
+	RunTotal      prometheus.Counter
+	CycleDuration prometheus.Histogram
+	Items         *prometheus.CounterVec
+	Backlog       prometheus.Gauge
+	SkipLocked    prometheus.Counter
+	Errors        *prometheus.CounterVec
+	OutboxBacklog prometheus.Gauge
+	OutboxLag     prometheus.Gauge
+	OutboxRelayed prometheus.Counter
+	OutboxCleaned prometheus.Counter
 }
 
 // NewPromotionMetrics registers the series on reg.

@@ -19,9 +19,9 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 func sample() event.PurchaseChanged {
 	return event.PurchaseChanged{
-		PurchaseId:    uuid.MustParse("6f1c2a7e-8a54-4c36-9b9e-0d7f2f0f4a11"),
-		TenantId:      uuid.MustParse("0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"),
-		PackageKind:   "Top",
+		PurchaseId:  uuid.MustParse("6f1c2a7e-8a54-4c36-9b9e-0d7f2f0f4a11"),
+		TenantId:    uuid.MustParse("0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"),
+		PackageKind: "Top",
 		Targets: []event.Target{
 			{TargetKind: event.TargetProject, TargetId: uuid.MustParse("11111111-2222-4333-8444-555555555555")},
 			{TargetKind: event.TargetPropertyObject, TargetId: uuid.MustParse("66666666-7777-4888-9999-aaaaaaaaaaaa")},
