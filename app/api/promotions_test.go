@@ -1,0 +1,318 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/api"
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/purchase"
+)
+
+var (
+	tenantA = uuid.MustParse("aaaaaaaa-0000-4000-8000-000000000001")
+	tenantB = uuid.MustParse("bbbbbbbb-0000-4000-8000-000000000002")
+)
+
+type apiBundle struct {
+	db  *sqlx.DB
+	srv *httptest.Server
+}
+
+func setup(t *testing.T) apiBundle {
+	t.Helper()
+	t.Parallel()
+	db := testenv.DB(t)
+	mux := http.NewServeMux()
+	(&api.Promotions{
+		Service: &purchase.Service{DB: db},
+		Tokens:  api.Tokens{"token-a": tenantA, "token-b": tenantB},
+		Log:     slog.New(slog.DiscardHandler),
+	}).Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return apiBundle{db: db, srv: srv}
+}
+
+type reply struct {
+	Status int
+	Header http.Header
+	Body   map[string]any
+}
+
+func (b apiBundle) do(t *testing.T, method, path, token string, body any, headers ...string) reply {
+	t.Helper()
+	var rd *bytes.Reader
+	switch v := body.(type) {
+	case nil:
+		rd = bytes.NewReader(nil)
+	case string:
+		rd = bytes.NewReader([]byte(v))
+	default:
+		raw, err := json.Marshal(v)
+		require.NoError(t, err)
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, b.srv.URL+path, rd)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out := reply{Status: resp.StatusCode, Header: resp.Header, Body: map[string]any{}}
+	_ = json.NewDecoder(resp.Body).Decode(&out.Body)
+	return out
+}
+
+func validBody() map[string]any {
+	return map[string]any{
+		"PackageKind": "Top",
+		"Targets":     []map[string]string{{"TargetKind": "Project", "TargetId": uuid.NewString()}},
+		"BoostWeight": 30,
+		"EndsAt":      time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339),
+	}
+}
+
+func (b apiBundle) counts(t *testing.T) (purchases, events int) {
+	require.NoError(t, b.db.Get(&purchases, `SELECT count(*) FROM promotion.promotion_purchases`))
+	require.NoError(t, b.db.Get(&events, `SELECT count(*) FROM promotion.outbox_messages`))
+	return
+}
+
+func TestAPI_CreateIsActiveAtOnceWithItsEventInTheOutbox(t *testing.T) {
+	b := setup(t)
+	r := b.do(t, "POST", "/promotions", "token-a", validBody())
+	require.Equal(t, http.StatusCreated, r.Status, r.Body)
+	require.Equal(t, "Active", r.Body["Status"])
+	require.Equal(t, "NotRequired", r.Body["PaymentStatus"])
+	require.EqualValues(t, 1, r.Body["Version"])
+	require.Equal(t, tenantA.String(), r.Body["TenantId"])
+
+	evs := testenv.OutboxEvents(t, b.db)
+	require.Len(t, evs, 1)
+	require.Equal(t, event.StatusActive, evs[0].Status)
+	require.Equal(t, r.Body["Id"], evs[0].PurchaseId.String())
+}
+
+func TestAPI_BadInputGetsClearErrorAndWritesNothing(t *testing.T) {
+	b := setup(t)
+	with := func(k string, v any) map[string]any { m := validBody(); m[k] = v; return m }
+	cases := map[string]struct {
+		body   any
+		status int
+		code   string
+	}{
+		"malformed json":    {`{"PackageKind":`, 400, "malformed_json"},
+		"unknown field":     {with("Discount", 5), 400, "malformed_json"},
+		"bad target uuid":   {with("Targets", []map[string]string{{"TargetKind": "Project", "TargetId": "nope"}}), 400, "malformed_json"},
+		"empty targets":     {with("Targets", []any{}), 422, "validation_failed"},
+		"unknown kind":      {with("Targets", []map[string]string{{"TargetKind": "Shop", "TargetId": uuid.NewString()}}), 422, "validation_failed"},
+		"nil target id":     {with("Targets", []map[string]string{{"TargetKind": "Post", "TargetId": uuid.Nil.String()}}), 422, "validation_failed"},
+		"weight zero":       {with("BoostWeight", 0), 422, "validation_failed"},
+		"weight 101":        {with("BoostWeight", 101), 422, "validation_failed"},
+		"ends before start": {with("StartsAt", time.Now().Add(48*time.Hour).UTC().Format(time.RFC3339)), 422, "validation_failed"},
+		"no ends at":        {with("EndsAt", nil), 422, "validation_failed"},
+		"no package kind":   {with("PackageKind", ""), 422, "validation_failed"},
+	}
+	for name, tc := range cases {
+		r := b.do(t, "POST", "/promotions", "token-a", tc.body)
+		require.Equal(t, tc.status, r.Status, name)
+		errBody, ok := r.Body["error"].(map[string]any)
+		require.True(t, ok, "%s: JSON error body", name)
+		require.Equal(t, tc.code, errBody["code"], name)
+		require.NotEmpty(t, errBody["message"], name)
+	}
+	p, e := b.counts(t)
+	require.Zero(t, p)
+	require.Zero(t, e)
+
+	r := b.do(t, "POST", "/promotions", "token-a", with("BoostWeight", 0))
+	fields := r.Body["error"].(map[string]any)["fields"].([]any)
+	require.Equal(t, "BoostWeight", fields[0].(map[string]any)["field"])
+}
+
+func TestAPI_UnknownTokenIsUnauthorized(t *testing.T) {
+	b := setup(t)
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "POST", "/promotions", "", validBody()).Status)
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "GET", "/promotions", "forged", nil).Status)
+	p, _ := b.counts(t)
+	require.Zero(t, p)
+}
+
+func TestAPI_AnotherTenantsPurchaseAnswers404(t *testing.T) {
+	b := setup(t)
+	created := b.do(t, "POST", "/promotions", "token-a", validBody())
+	id := created.Body["Id"].(string)
+
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/promotions/"+id, "token-a", nil).Status)
+	require.Equal(t, http.StatusNotFound, b.do(t, "GET", "/promotions/"+id, "token-b", nil).Status)
+	require.Equal(t, http.StatusNotFound, b.do(t, "POST", "/promotions/"+id+"/cancel", "token-b", nil).Status)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/promotions/not-a-uuid", "token-a", nil).Status)
+
+	listB := b.do(t, "GET", "/promotions", "token-b", nil)
+	require.Empty(t, listB.Body["items"])
+	listA := b.do(t, "GET", "/promotions?status=Active", "token-a", nil)
+	require.Len(t, listA.Body["items"], 1)
+	require.Equal(t, "Active", b.do(t, "GET", "/promotions/"+id, "token-a", nil).Body["Status"], "B's cancel changed nothing")
+}
+
+func TestAPI_ListFiltersByStatus(t *testing.T) {
+	b := setup(t)
+	for range 3 {
+		b.do(t, "POST", "/promotions", "token-a", validBody())
+	}
+	id := b.do(t, "GET", "/promotions", "token-a", nil).Body["items"].([]any)[0].(map[string]any)["Id"].(string)
+	require.Equal(t, http.StatusOK, b.do(t, "POST", "/promotions/"+id+"/cancel", "token-a", nil).Status)
+	require.Len(t, b.do(t, "GET", "/promotions?status=Active", "token-a", nil).Body["items"], 2)
+	require.Len(t, b.do(t, "GET", "/promotions?status=Cancelled", "token-a", nil).Body["items"], 1)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/promotions?status=Paused", "token-a", nil).Status)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/promotions?limit=0", "token-a", nil).Status)
+}
+
+func TestAPI_IdempotencyKeyReturnsTheFirstPurchase(t *testing.T) {
+	b := setup(t)
+	body := validBody()
+	first := b.do(t, "POST", "/promotions", "token-a", body, "Idempotency-Key", "k-1")
+	require.Equal(t, http.StatusCreated, first.Status)
+	again := b.do(t, "POST", "/promotions", "token-a", body, "Idempotency-Key", "k-1")
+	require.Equal(t, http.StatusOK, again.Status)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.Body["Id"], again.Body["Id"])
+
+	other := validBody()
+	reused := b.do(t, "POST", "/promotions", "token-a", other, "Idempotency-Key", "k-1")
+	require.Equal(t, http.StatusUnprocessableEntity, reused.Status)
+	require.Equal(t, "idempotency_key_reused", reused.Body["error"].(map[string]any)["code"])
+
+	// The same key of another tenant is another key.
+	require.Equal(t, http.StatusCreated, b.do(t, "POST", "/promotions", "token-b", body, "Idempotency-Key", "k-1").Status)
+
+	p, e := b.counts(t)
+	require.Equal(t, 2, p)
+	require.Equal(t, 2, e)
+}
+
+func TestAPI_ConcurrentRequestsWithOneIdempotencyKeyCreateOnePurchase(t *testing.T) {
+	b := setup(t)
+	body := validBody()
+	var wg sync.WaitGroup
+	ids := make(chan any, 10)
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := b.do(t, "POST", "/promotions", "token-a", body, "Idempotency-Key", "same")
+			ids <- r.Body["Id"]
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	distinct := map[any]bool{}
+	for id := range ids {
+		distinct[id] = true
+	}
+	require.Len(t, distinct, 1)
+	p, e := b.counts(t)
+	require.Equal(t, 1, p)
+	require.Equal(t, 1, e)
+}
+
+func TestAPI_CancelMovesActiveToCancelledOnce(t *testing.T) {
+	b := setup(t)
+	id := b.do(t, "POST", "/promotions", "token-a", validBody()).Body["Id"].(string)
+	r := b.do(t, "POST", "/promotions/"+id+"/cancel", "token-a", nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	require.Equal(t, "Cancelled", r.Body["Status"])
+	require.EqualValues(t, 2, r.Body["Version"])
+
+	again := b.do(t, "POST", "/promotions/"+id+"/cancel", "token-a", nil)
+	require.Equal(t, http.StatusConflict, again.Status)
+	require.Contains(t, again.Body["error"].(map[string]any)["message"], "Cancelled")
+
+	evs := testenv.OutboxEvents(t, b.db)
+	require.Len(t, evs, 2)
+	require.Equal(t, event.StatusCancelled, evs[1].Status)
+	require.Equal(t, http.StatusNotFound, b.do(t, "POST", "/promotions/"+uuid.NewString()+"/cancel", "token-a", nil).Status)
+}
+
+func TestAPI_CancelRacingTheExpirerEndsInOneTerminalTransition(t *testing.T) {
+	b := setup(t)
+	const n = 60
+	ids := make([]string, n)
+	for i := range ids {
+		body := validBody()
+		body["StartsAt"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
+		body["EndsAt"] = time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+		ids[i] = b.do(t, "POST", "/promotions", "token-a", body).Body["Id"].(string)
+	}
+	exp, err := expire.New(b.db, expire.Config{BatchSize: 5}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	// EndsAt passes while the cancels run, so both sides compete for the rows.
+
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i, id := range ids {
+			codes[i] = b.do(t, "POST", "/promotions/"+id+"/cancel", "token-a", nil).Status
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			res, err := exp.RunCycle(context.Background())
+			if err != nil {
+				t.Errorf("cycle: %v", err)
+				return
+			}
+			if res.Backlog == 0 {
+				var active int
+				_ = b.db.Get(&active, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active'`)
+				if active == 0 {
+					return
+				}
+			}
+		}
+	}()
+	wg.Wait()
+
+	events := map[string][]event.PurchaseChanged{}
+	for _, ev := range testenv.OutboxEvents(t, b.db) {
+		events[ev.PurchaseId.String()] = append(events[ev.PurchaseId.String()], ev)
+	}
+	for i, id := range ids {
+		got := b.do(t, "GET", "/promotions/"+id, "token-a", nil).Body
+		status := got["Status"].(string)
+		require.Contains(t, []string{"Cancelled", "Expired"}, status)
+		require.EqualValues(t, 2, got["Version"], "one terminal transition")
+		require.Len(t, events[id], 2, "Active, then exactly one terminal event")
+		require.Equal(t, status, string(events[id][1].Status))
+		if codes[i] == http.StatusOK {
+			require.Equal(t, "Cancelled", status)
+		} else {
+			require.Equal(t, http.StatusConflict, codes[i], fmt.Sprintf("cancel of %s", id))
+			require.Equal(t, "Expired", status)
+		}
+	}
+}

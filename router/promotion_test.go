@@ -1,0 +1,204 @@
+package router_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/router"
+)
+
+type promotionBundle struct {
+	db      *sqlx.DB
+	topic   string
+	metrics *router.PromotionMetrics
+}
+
+func setupPromotion(t *testing.T, partitions int32) promotionBundle {
+	t.Helper()
+	t.Parallel()
+	return promotionBundle{db: testenv.DB(t), topic: testenv.Topic(t, partitions)}
+}
+
+// start runs one promotion router (one process's worth) until the test ends.
+func (b *promotionBundle) start(t *testing.T, interval time.Duration) {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	exp, err := expire.New(b.db, expire.Config{Topic: b.topic, BatchSize: 200}, log)
+	require.NoError(t, err)
+	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	b.metrics = m
+	p, err := router.NewPromotion(b.db, exp, m, log, router.PromotionConfig{
+		Brokers: testenv.Brokers(t), ExpireInterval: interval, JanitorInterval: 200 * time.Millisecond,
+		OutboxPollInterval: 20 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(45 * time.Second):
+			t.Error("router did not stop within 45s")
+		}
+	})
+	select {
+	case <-p.Router.Running():
+	case <-time.After(30 * time.Second):
+		t.Fatal("router did not start")
+	}
+}
+
+func countStatus(status event.Status) func([]*sarama.ConsumerMessage) int {
+	return func(ms []*sarama.ConsumerMessage) int {
+		n := 0
+		for _, m := range ms {
+			if ev, err := event.Parse(m.Value); err == nil && ev.Status == status {
+				n++
+			}
+		}
+		return n
+	}
+}
+
+func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {
+	b := setupPromotion(t, 3)
+	due := testenv.SeedActive(t, b.db, 3, time.Now().Add(-time.Minute))
+	b.start(t, 100*time.Millisecond)
+
+	msgs := testenv.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 3 })
+	seen := map[uuid.UUID]bool{}
+	for _, m := range msgs {
+		ev, err := event.Parse(m.Value)
+		require.NoError(t, err)
+		require.Equal(t, event.StatusExpired, ev.Status)
+		require.EqualValues(t, 2, ev.Version)
+		require.Equal(t, ev.PurchaseId.String(), string(m.Key), "record key = PurchaseId")
+		require.Equal(t, "1", testenv.Header(m, event.HeaderContractVersion))
+		require.Equal(t, event.EventType, testenv.Header(m, event.HeaderEventType))
+		require.Equal(t, event.AggregateType, testenv.Header(m, event.HeaderAggregateType))
+		require.Equal(t, ev.PurchaseId.String(), testenv.Header(m, event.HeaderAggregateID))
+		require.Equal(t, ev.TenantId.String(), testenv.Header(m, event.HeaderTenantID))
+		require.NotEmpty(t, testenv.Header(m, event.HeaderCorrelationID))
+		require.NotEmpty(t, testenv.Header(m, event.HeaderOccurredAt))
+		require.NotEmpty(t, testenv.Header(m, "_watermill_message_uuid"), "the MessageId travels with the record")
+		seen[ev.PurchaseId] = true
+	}
+	for _, id := range due {
+		require.True(t, seen[id])
+	}
+}
+
+func TestPromotion_AccuracySLOHolds(t *testing.T) {
+	b := setupPromotion(t, 1)
+	const interval = time.Second
+	start := time.Now()
+	// EndsAt spread over the next three seconds.
+	var ids []uuid.UUID
+	for i := range 6 {
+		ids = append(ids, testenv.SeedActive(t, b.db, 1, start.Add(time.Duration(i)*500*time.Millisecond))...)
+	}
+	b.start(t, interval)
+
+	arrived := map[uuid.UUID]time.Time{}
+	testenv.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		for _, m := range ms {
+			if ev, err := event.Parse(m.Value); err == nil && arrived[ev.PurchaseId].IsZero() {
+				arrived[ev.PurchaseId] = time.Now()
+			}
+		}
+		return len(arrived) == len(ids)
+	})
+	var rows []struct {
+		ID        uuid.UUID `db:"id"`
+		EndsAt    time.Time `db:"ends_at"`
+		UpdatedAt time.Time `db:"updated_at"`
+	}
+	require.NoError(t, b.db.Select(&rows, `SELECT id, ends_at, updated_at FROM promotion.promotion_purchases`))
+	// Scheduling slack on a shared machine; the rule itself is t + Interval + cycle duration.
+	const slack = 500 * time.Millisecond
+	for _, r := range rows {
+		asOf := r.UpdatedAt
+		require.False(t, asOf.Before(r.EndsAt), "never expired early")
+		require.LessOrEqual(t, asOf.Sub(r.EndsAt), interval+slack, "expired within one interval of EndsAt")
+		require.LessOrEqual(t, arrived[r.ID].Sub(r.EndsAt), 2*interval+2*slack,
+			"the Expired event left within one more interval")
+	}
+}
+
+func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *testing.T) {
+	b := setupPromotion(t, 6)
+	due := testenv.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))
+	b.start(t, 200*time.Millisecond)
+	b.start(t, 200*time.Millisecond)
+
+	perPurchase := map[string]int{}
+	testenv.ReadTopic(t, b.topic, 3*time.Minute, func(ms []*sarama.ConsumerMessage) bool {
+		return len(ms) >= len(due)
+	})
+	// All relayed: the outbox is empty of unacked rows; then nothing else can arrive.
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.db.Get(&n, `SELECT count(*) FROM promotion.outbox_messages`)
+		return n == 0
+	}, time.Minute, 50*time.Millisecond, "relayed rows are cleaned up")
+	msgs := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(due) })
+	require.Equal(t, len(due), int(topicSize(t, b.topic)), "no extra record on the topic")
+	for _, m := range msgs {
+		perPurchase[string(m.Key)]++
+	}
+	for _, id := range due {
+		require.Equal(t, 1, perPurchase[id.String()], "exactly one event for %s", id)
+	}
+	for id, st := range testenv.Statuses(t, b.db) {
+		require.Equal(t, testenv.State{Status: event.StatusExpired, Version: 2}, st, "exactly one transition for %s", id)
+	}
+}
+
+func TestPromotion_MetricsReportCyclesAndOutbox(t *testing.T) {
+	b := setupPromotion(t, 1)
+	testenv.SeedActive(t, b.db, 4, time.Now().Add(-time.Minute))
+	b.start(t, 100*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(b.metrics.Items.WithLabelValues("expired")) == 4 &&
+			testutil.ToFloat64(b.metrics.OutboxRelayed) == 4
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Positive(t, testutil.ToFloat64(b.metrics.RunTotal))
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(b.metrics.OutboxCleaned) == 4 && testutil.ToFloat64(b.metrics.OutboxBacklog) == 0
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Zero(t, testutil.ToFloat64(b.metrics.Backlog))
+}
+
+// topicSize sums the high-water marks of every partition.
+func topicSize(t *testing.T, topic string) int64 {
+	cfg := sarama.NewConfig()
+	cfg.Version = router.KafkaVersion
+	client, err := sarama.NewClient(testenv.Brokers(t), cfg)
+	require.NoError(t, err)
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	require.NoError(t, err)
+	var total int64
+	for _, p := range parts {
+		off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		require.NoError(t, err)
+		total += off
+	}
+	return total
+}

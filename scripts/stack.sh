@@ -1,0 +1,486 @@
+#!/usr/bin/env bash
+# Local PostgreSQL + Kafka for promoflow's tests, without Docker.
+#
+#   scripts/stack.sh up       start what is not running yet (idempotent); the last
+#                             lines on stdout are the export lines, so callers can
+#                             eval "$(scripts/stack.sh up)"
+#   scripts/stack.sh env      print only the export lines
+#   scripts/stack.sh status   say what runs (exit 0 if both run, 3 otherwise)
+#   scripts/stack.sh down [postgres|kafka]...
+#                             stop Kafka and PostgreSQL cleanly (or only those named)
+#
+# Stdout carries only the export lines; every progress message goes to stderr.
+# Both services listen on 127.0.0.1 only.
+#
+# Environment:
+#   PROMOFLOW_STACK_DIR              state (data, logs, pid files)  [~/.cache/promoflow/stack]
+#   PROMOFLOW_CACHE                  downloaded Kafka jars           [~/.cache/promoflow]
+#   PROMOFLOW_PG_PORT                PostgreSQL port                 [55432]
+#   PROMOFLOW_KAFKA_PORT             Kafka broker port               [59092]
+#   PROMOFLOW_KAFKA_CONTROLLER_PORT  Kafka KRaft controller port     [59093]
+#   PROMOFLOW_PG_DIR                 PostgreSQL folder (see pg_dir)  [computed]
+#   PROMOFLOW_KAFKA_READY_TIMEOUT    seconds to wait for Kafka       [120]
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KAFKA_POM=$SCRIPT_DIR/kafka/pom.xml
+KAFKA_LOG4J=$SCRIPT_DIR/kafka/log4j2.yaml
+
+# HOME can be missing in stripped-down CI environments.
+: "${HOME:=$(getent passwd "$(id -u)" | cut -d: -f6)}"
+
+# The pom is the single source of truth for the Kafka version.
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")
+STATE_DIR=${PROMOFLOW_STACK_DIR:-$HOME/.cache/promoflow/stack}
+CACHE_DIR=${PROMOFLOW_CACHE:-$HOME/.cache/promoflow}
+# Absolute paths: they end up in pid checks and in the postgres user's commands.
+[[ $STATE_DIR == /* ]] || STATE_DIR=$PWD/$STATE_DIR
+[[ $CACHE_DIR == /* ]] || CACHE_DIR=$PWD/$CACHE_DIR
+KAFKA_LIBS=$CACHE_DIR/kafka-$KAFKA_VERSION/libs
+PG_PORT=${PROMOFLOW_PG_PORT:-55432}
+KAFKA_PORT=${PROMOFLOW_KAFKA_PORT:-59092}
+KAFKA_CONTROLLER_PORT=${PROMOFLOW_KAFKA_CONTROLLER_PORT:-59093}
+HOST=127.0.0.1
+KAFKA_DIR=$STATE_DIR/kafka
+KAFKA_PID_FILE=$KAFKA_DIR/kafka.pid
+KAFKA_READY_TIMEOUT=${PROMOFLOW_KAFKA_READY_TIMEOUT:-120}
+# KafkaRaftServer logs this once the broker is unfenced and serving
+# (kafka.server.KafkaBroker.STARTED_MESSAGE in 4.x).
+KAFKA_STARTED_MSG='Kafka Server started'
+
+log() { printf 'stack: %s\n' "$*" >&2; }
+die() { printf 'stack: ERROR: %s\n' "$*" >&2; exit 1; }
+
+is_root() { [[ $(id -u) -eq 0 ]]; }
+
+# kill -0 also succeeds for a zombie (our init may be slow to reap), so read
+# the process state instead.
+pid_alive() {
+	local state
+	state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+	[[ -n $state && $state != Z ]]
+}
+
+env_lines() {
+	echo "export DATABASE_URL=postgres://postgres@$HOST:$PG_PORT/postgres?sslmode=disable"
+	echo "export KAFKA_BROKERS=$HOST:$KAFKA_PORT"
+}
+
+# True if something accepts TCP connections on 127.0.0.1:$1.
+port_open() {
+	timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null
+}
+
+apt_install() {
+	is_root || die "missing packages ($*) and not root: install them first"
+	log "installing $* with apt-get"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >&2
+	apt-get install -y -qq "$@" >&2
+}
+
+# Serialise concurrent up/down calls on the same state dir. Children started
+# while holding it must close fd 9, or they would keep the lock forever.
+take_lock() {
+	mkdir -p "$STATE_DIR"
+	exec 9>"$STATE_DIR/.lock"
+	if ! flock -w 300 9; then
+		die "another stack.sh holds $STATE_DIR/.lock"
+	fi
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+# Server binaries: the version that created an existing cluster wins (a major
+# upgrade could not start it), then pg_config, then the newest installed.
+pg_bindir() {
+	local data=$1 d ver
+	if [[ -f $data/PG_VERSION ]]; then
+		ver=$(<"$data/PG_VERSION")
+		d=/usr/lib/postgresql/$ver/bin
+		[[ -x $d/initdb ]] && { echo "$d"; return 0; }
+	fi
+	if d=$(pg_config --bindir 2>/dev/null) && [[ -x $d/initdb ]]; then
+		echo "$d"
+		return 0
+	fi
+	d=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null |
+		sort -V | tail -n 1)
+	[[ -n $d && -x $d/initdb ]] || return 1
+	echo "$d"
+}
+
+# PostgreSQL refuses to run as root, so as root it runs as the postgres user,
+# which must be able to reach its folder. $HOME (/root) is usually mode 700;
+# in that case the cluster lives under /var/tmp, in a folder named after the
+# state dir, and $STATE_DIR/pg is a symlink to it (for people only: the
+# postgres user cannot follow it through /root).
+pg_dir() {
+	if [[ -n ${PROMOFLOW_PG_DIR:-} ]]; then
+		echo "$PROMOFLOW_PG_DIR"
+	elif ! is_root ||
+		{ [[ -d $STATE_DIR ]] && runuser -u postgres -- test -x "$STATE_DIR" 2>/dev/null; }; then
+		echo "$STATE_DIR/pg"
+	else
+		echo "/var/tmp/promoflow-pg-$(printf '%s' "$STATE_DIR" | cksum | cut -d' ' -f1)"
+	fi
+}
+
+# Run a PostgreSQL binary as the postgres user when we are root; fd 9 (the
+# lock) is closed so the postmaster does not inherit it.
+as_pg() {
+	if is_root; then
+		runuser -u postgres -- "$@" 9>&-
+	else
+		"$@" 9>&-
+	fi
+}
+
+# pg_ctl status alone would also count a killed, not yet reaped postmaster.
+pg_running() {
+	local dir bindir pid
+	dir=$(pg_dir)
+	[[ -f $dir/data/postmaster.pid ]] || return 1
+	pid=$(head -n 1 "$dir/data/postmaster.pid" 2>/dev/null) || return 1
+	[[ $pid =~ ^[0-9]+$ ]] && pid_alive "$pid" || return 1
+	bindir=$(pg_bindir "$dir/data") || return 1
+	as_pg "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1
+}
+
+pg_up() {
+	local dir data bindir
+	if ! pg_bindir "" >/dev/null; then
+		apt_install postgresql
+	fi
+	dir=$(pg_dir)
+	data=$dir/data
+	mkdir -p "$dir"
+	if [[ $dir != "$STATE_DIR/pg" && ! -e $STATE_DIR/pg ]]; then
+		ln -s "$dir" "$STATE_DIR/pg"
+	fi
+	if is_root; then
+		chown postgres: "$dir"
+		chmod 700 "$dir"
+	fi
+	bindir=$(pg_bindir "$data") || die "no PostgreSQL server binaries found"
+
+	if pg_running; then
+		log "PostgreSQL already running ($data)"
+	else
+		if port_open "$PG_PORT"; then
+			die "port $PG_PORT is in use by another process; stop it or set PROMOFLOW_PG_PORT"
+		fi
+		if [[ ! -f $data/PG_VERSION ]]; then
+			# initdb into a temp folder and rename, so an interrupted run
+			# never leaves a half-made cluster behind.
+			log "initdb $data"
+			rm -rf "$data.tmp"
+			as_pg "$bindir/initdb" -D "$data.tmp" -A trust -U postgres \
+				-E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 ||
+				{ cat "$dir/initdb.log" >&2; die "initdb failed"; }
+			mv "$data.tmp" "$data"
+		fi
+		log "starting PostgreSQL on $HOST:$PG_PORT"
+		# Settings for throwaway test data: no durability, many connections.
+		# The unix socket goes to the private folder, not /var/run/postgresql.
+		if ! as_pg "$bindir/pg_ctl" -D "$data" -w -t 60 -l "$dir/postgresql.log" \
+			-o "-p $PG_PORT -k '$dir' -c listen_addresses=$HOST -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+			start >&2; then
+			tail -n 30 "$dir/postgresql.log" >&2 || true
+			die "PostgreSQL did not start (log: $dir/postgresql.log)"
+		fi
+	fi
+	as_pg "$bindir/pg_isready" -q -h "$HOST" -p "$PG_PORT" ||
+		die "PostgreSQL runs but does not answer on $HOST:$PG_PORT"
+}
+
+pg_down() {
+	local dir bindir
+	dir=$(pg_dir)
+	if pg_running; then
+		bindir=$(pg_bindir "$dir/data")
+		log "stopping PostgreSQL"
+		as_pg "$bindir/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >&2
+	else
+		log "PostgreSQL not running"
+	fi
+}
+
+# --------------------------------------------------------------------- Kafka
+
+java_bin() {
+	if [[ -n ${JAVA_HOME:-} && -x $JAVA_HOME/bin/java ]]; then
+		echo "$JAVA_HOME/bin/java"
+	else
+		command -v java
+	fi
+}
+
+# Fetch the broker jars once. They are copied to a temp folder that is renamed
+# into place only when complete, so an interrupted download is retried.
+kafka_fetch() {
+	local tmp
+	if [[ -f $KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar ]]; then
+		return 0
+	fi
+	local missing=()
+	command -v java >/dev/null || [[ -n ${JAVA_HOME:-} ]] || missing+=(openjdk-17-jre-headless)
+	command -v mvn >/dev/null || missing+=(maven)
+	if ((${#missing[@]})); then
+		apt_install "${missing[@]}"
+	fi
+	log "downloading Kafka $KAFKA_VERSION jars to $KAFKA_LIBS (once)"
+	mkdir -p "$(dirname "$KAFKA_LIBS")"
+	tmp=$(mktemp -d "$KAFKA_LIBS.tmp.XXXXXX")
+	if ! mvn -B -q -f "$KAFKA_POM" dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory="$tmp" >&2; then
+		rm -rf "$tmp"
+		die "mvn could not fetch Kafka $KAFKA_VERSION"
+	fi
+	if [[ ! -f $tmp/kafka_2.13-$KAFKA_VERSION.jar ]]; then
+		rm -rf "$tmp"
+		die "kafka_2.13-$KAFKA_VERSION.jar missing after mvn copy-dependencies"
+	fi
+	rm -rf "$KAFKA_LIBS"
+	mv "$tmp" "$KAFKA_LIBS"
+}
+
+# Pid of our broker if it runs. The command line is checked too, so a stale
+# pid file whose number was reused by another process is not trusted.
+kafka_pid() {
+	local pid
+	[[ -f $KAFKA_PID_FILE ]] || return 1
+	pid=$(<"$KAFKA_PID_FILE")
+	[[ $pid =~ ^[0-9]+$ ]] || return 1
+	pid_alive "$pid" || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $KAFKA_DIR/server.properties" || return 1
+	echo "$pid"
+}
+
+kafka_write_config() {
+	cat >"$KAFKA_DIR/server.properties" <<EOF
+# Generated by scripts/stack.sh on every start; edit the script, not this file.
+# One KRaft node that is both broker and controller, for tests only.
+process.roles=broker,controller
+node.id=1
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CONTROLLER_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+# Dynamic quorum (KIP-853), formatted with --standalone.
+controller.quorum.bootstrap.servers=$HOST:$KAFKA_CONTROLLER_PORT
+log.dirs=$KAFKA_DIR/data
+
+# A single node: every internal topic must have replication factor 1.
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+# Few internal partitions: faster first consumer group / transaction.
+offsets.topic.num.partitions=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.num.partitions=1
+
+# Test-friendly behaviour.
+auto.create.topics.enable=true
+delete.topic.enable=true
+num.partitions=1
+group.initial.rebalance.delay.ms=0
+EOF
+}
+
+# A Kafka UUID (base64url of 16 random bytes, no padding); like
+# kafka.tools.StorageTool random-uuid, but without starting a JVM.
+kafka_random_uuid() {
+	local id
+	while :; do
+		id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+		[[ $id != -* ]] && break
+	done
+	echo "$id"
+}
+
+kafka_tail_logs() {
+	local f
+	for f in "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/kafka.out"; do
+		if [[ -s $f ]]; then
+			printf -- '--- last lines of %s ---\n' "$f" >&2
+			tail -n 40 "$f" >&2
+		fi
+	done
+}
+
+kafka_ready() {
+	port_open "$KAFKA_PORT" &&
+		grep -qF "$KAFKA_STARTED_MSG" "$KAFKA_DIR/logs/server.log" 2>/dev/null
+}
+
+# Wait until the broker port accepts connections and the log says the server
+# started (the port opens before the broker has joined the quorum).
+kafka_wait_ready() {
+	local pid=$1 deadline=$((SECONDS + KAFKA_READY_TIMEOUT))
+	until kafka_ready; do
+		if ! pid_alive "$pid"; then
+			kafka_tail_logs
+			die "Kafka exited during startup (logs in $KAFKA_DIR)"
+		fi
+		if ((SECONDS >= deadline)); then
+			kafka_tail_logs
+			kafka_stop "$pid"
+			die "Kafka not ready on $HOST:$KAFKA_PORT after ${KAFKA_READY_TIMEOUT}s (logs in $KAFKA_DIR)"
+		fi
+		sleep 0.5
+	done
+}
+
+kafka_up() {
+	local pid java formatted_for cluster_id
+	if pid=$(kafka_pid); then
+		log "Kafka already running (pid $pid)"
+		kafka_wait_ready "$pid"
+		return 0
+	fi
+	local p
+	for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+		if port_open "$p"; then
+			die "port $p is in use by another process; stop it or set PROMOFLOW_KAFKA_PORT/PROMOFLOW_KAFKA_CONTROLLER_PORT"
+		fi
+	done
+	kafka_fetch
+	java=$(java_bin) || die "java not found"
+	mkdir -p "$KAFKA_DIR/logs"
+	kafka_write_config
+	# Outside the repo, so a running broker never depends on the checkout.
+	cp "$KAFKA_LOG4J" "$KAFKA_DIR/log4j2.yaml"
+	local jvm_opts=(
+		-Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.yaml"
+		-Dkafka.logs.dir="$KAFKA_DIR/logs"
+		-Djava.awt.headless=true
+	)
+
+	# The voter set written by --standalone names the controller endpoint, so a
+	# data dir formatted for another controller port cannot be reused: it is
+	# test data, start over.
+	formatted_for=$(cat "$KAFKA_DIR/formatted-for" 2>/dev/null || true)
+	if [[ -f $KAFKA_DIR/data/meta.properties && $formatted_for != "$HOST:$KAFKA_CONTROLLER_PORT" ]]; then
+		log "Kafka data was formatted for controller ${formatted_for:-?}; wiping it"
+		rm -rf "$KAFKA_DIR/data"
+	fi
+	if [[ ! -f $KAFKA_DIR/data/meta.properties ]]; then
+		cluster_id=$(kafka_random_uuid)
+		log "formatting Kafka storage (cluster id $cluster_id)"
+		rm -rf "$KAFKA_DIR/data"
+		"$java" "${jvm_opts[@]}" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool format \
+			--standalone -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >&2 ||
+			die "kafka-storage format failed"
+		echo "$HOST:$KAFKA_CONTROLLER_PORT" >"$KAFKA_DIR/formatted-for"
+	fi
+
+	# Keep the previous run's log so the readiness check only sees this run.
+	if [[ -f $KAFKA_DIR/logs/server.log ]]; then
+		mv -f "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/logs/server.log.prev"
+	fi
+	log "starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (controller $KAFKA_CONTROLLER_PORT)"
+	# setsid + nohup: the broker outlives this script and its terminal; all of
+	# its output goes to files so "$(stack.sh up)" does not wait for it.
+	setsid nohup "$java" -Xmx768m -XX:+UseG1GC "${jvm_opts[@]}" \
+		-cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
+		>"$KAFKA_DIR/kafka.out" 2>&1 </dev/null 9>&- &
+	pid=$!
+	echo "$pid" >"$KAFKA_PID_FILE"
+	local t0=$SECONDS
+	kafka_wait_ready "$pid"
+	log "Kafka ready (pid $pid) after $((SECONDS - t0))s"
+}
+
+# SIGTERM gives a controlled shutdown; KILL only if it hangs.
+kafka_stop() {
+	local pid=$1 i
+	kill -TERM "$pid" 2>/dev/null || true
+	for ((i = 0; i < 120; i++)); do
+		pid_alive "$pid" || break
+		sleep 0.5
+	done
+	if pid_alive "$pid"; then
+		log "Kafka did not stop within 60s; killing it"
+		kill -KILL "$pid" 2>/dev/null || true
+		while pid_alive "$pid"; do sleep 0.2; done
+	fi
+	rm -f "$KAFKA_PID_FILE"
+}
+
+kafka_down() {
+	local pid
+	if pid=$(kafka_pid); then
+		log "stopping Kafka (pid $pid)"
+		kafka_stop "$pid"
+	else
+		log "Kafka not running"
+		rm -f "$KAFKA_PID_FILE"
+	fi
+}
+
+# ------------------------------------------------------------------ commands
+
+cmd_up() {
+	local t0=$SECONDS
+	take_lock
+	pg_up
+	kafka_up
+	log "stack up in $((SECONDS - t0))s (state: $STATE_DIR)"
+	env_lines
+}
+
+cmd_down() {
+	local want_pg=1 want_kafka=1 s
+	if (($#)); then
+		want_pg=0 want_kafka=0
+		for s in "$@"; do
+			case $s in
+			postgres | postgresql) want_pg=1 ;;
+			kafka) want_kafka=1 ;;
+			*) die "unknown service: $s (postgres or kafka)" ;;
+			esac
+		done
+	fi
+	take_lock
+	if ((want_kafka)); then kafka_down; fi
+	if ((want_pg)); then pg_down; fi
+}
+
+cmd_status() {
+	local rc=0 pid
+	if pg_running; then
+		echo "postgresql: running on $HOST:$PG_PORT (data $(pg_dir)/data)"
+	else
+		echo "postgresql: stopped"
+		rc=3
+	fi
+	if pid=$(kafka_pid); then
+		if kafka_ready; then
+			echo "kafka: running on $HOST:$KAFKA_PORT (pid $pid, data $KAFKA_DIR/data)"
+		else
+			echo "kafka: starting (pid $pid)"
+			rc=3
+		fi
+	else
+		echo "kafka: stopped"
+		rc=3
+	fi
+	return "$rc"
+}
+
+case ${1:-} in
+up) cmd_up ;;
+down) cmd_down "${@:2}" ;;
+env) env_lines ;;
+status) cmd_status ;;
+*)
+	echo "usage: $0 {up|down [postgres|kafka]...|env|status}" >&2
+	exit 2
+	;;
+esac

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# promoflow's test command (CI runs it through .ci/run).
+#
+#   scripts/test.sh [extra go test args...]
+#
+# 1. installs what is missing (PostgreSQL via scripts/stack.sh, Go modules);
+# 2. starts PostgreSQL + Kafka with scripts/stack.sh, unless DATABASE_URL and
+#    KAFKA_BROKERS are both set already (then those are used as they are);
+# 3. go vet ./... and go test -race -count=1 -timeout 30m -v ./... "$@";
+# 4. a short fuzz run (15s) for every Fuzz* function in the repo;
+# 5. stops the services that it started itself, and exits non-zero if any
+#    step failed (with go test's own status when go test failed).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+STACK=$ROOT/scripts/stack.sh
+FUZZTIME=${PROMOFLOW_FUZZTIME:-15s}
+
+log() { printf 'test.sh: %s\n' "$*" >&2; }
+die() { printf 'test.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+
+# ------------------------------------------------------------------ toolchain
+
+# Go lives in /usr/local/go on our machines; CI's PATH may not name it.
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+	export PATH=$PATH:/usr/local/go/bin
+fi
+command -v go >/dev/null || die "go not found (expected on PATH or in /usr/local/go/bin)"
+
+# -race needs cgo, hence a C compiler.
+if ! command -v gcc >/dev/null; then
+	[[ $(id -u) -eq 0 ]] || die "gcc is missing (needed by go test -race)"
+	log "installing gcc (needed by -race)"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >&2
+fi
+export CGO_ENABLED=1
+
+log "go mod download"
+go mod download
+
+# ---------------------------------------------------------------------- stack
+
+# Services this run started, stopped again on exit. Whatever already ran
+# before (e.g. a developer's stack) is left running.
+STARTED=()
+stop_started() {
+	if ((${#STARTED[@]})); then
+		log "stopping ${STARTED[*]}"
+		bash "$STACK" down "${STARTED[@]}" || log "WARNING: stack.sh down failed"
+	fi
+}
+trap stop_started EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [[ -n ${DATABASE_URL:-} && -n ${KAFKA_BROKERS:-} ]]; then
+	log "using DATABASE_URL and KAFKA_BROKERS from the environment; not starting the stack"
+	STACK_NOTE="external services"
+else
+	status=$(bash "$STACK" status 2>/dev/null || true)
+	grep -q '^postgresql: running' <<<"$status" || STARTED+=(postgres)
+	grep -q '^kafka: running' <<<"$status" || STARTED+=(kafka)
+	# Assigned first: a failing "up" must stop the script, and eval "$(...)"
+	# would hide its exit status.
+	stack_env=$(bash "$STACK" up)
+	eval "$stack_env"
+	if ((${#STARTED[@]})); then
+		STACK_NOTE="started ${STARTED[*]}"
+	else
+		STACK_NOTE="reused running stack"
+	fi
+fi
+export DATABASE_URL KAFKA_BROKERS
+log "DATABASE_URL=$DATABASE_URL KAFKA_BROKERS=$KAFKA_BROKERS"
+
+# ---------------------------------------------------------------------- tests
+
+vet_rc=0
+log "go vet ./..."
+go vet ./... || vet_rc=$?
+
+test_rc=0
+test_out=$(mktemp)
+trap 'rm -f "$test_out"; stop_started' EXIT
+log "go test -race -count=1 -timeout 30m ./... $*"
+# pipefail: the pipeline's status is go test's, not tee's.
+go test -race -count=1 -timeout 30m -v ./... "$@" 2>&1 | tee "$test_out" || test_rc=$?
+pkgs_ok=$(grep -cE '^ok[[:space:]]' "$test_out" || true)
+pkgs_failed=$(grep -cE '^FAIL[[:space:]]+[^[:space:]]' "$test_out" || true)
+# Top-level tests only; subtests are counted inside their parent.
+tests_ok=$(grep -cE '^--- PASS: ' "$test_out" || true)
+tests_failed=$(grep -cE '^--- FAIL: ' "$test_out" || true)
+tests_skipped=$(grep -cE '^--- SKIP: ' "$test_out" || true)
+
+# Fuzz targets found by grep, so new ones are picked up without editing this
+# script. go test -fuzz takes one package and one target at a time.
+find_fuzz_targets() {
+	local f name
+	find . \( -name vendor -o -name testdata -o -name '.?*' \) -prune -o \
+		-type f -name '*_test.go' -print | sort |
+		while IFS= read -r f; do
+			sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)([^)]*\*testing\.F).*/\1/p' "$f" |
+				while IFS= read -r name; do
+					printf '%s %s\n' "$(dirname "$f")" "$name"
+				done
+		done
+}
+
+fuzz_total=0
+fuzz_failed=()
+while read -r pkg name; do
+	fuzz_total=$((fuzz_total + 1))
+	log "fuzz $name in $pkg for $FUZZTIME"
+	# </dev/null: keep go test away from the loop's input.
+	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" </dev/null; then
+		fuzz_failed+=("$pkg:$name")
+	fi
+done < <(find_fuzz_targets)
+
+# Stop our services now rather than in the EXIT trap, so that the summary
+# below really is the last output.
+stop_started
+STARTED=()
+
+# -------------------------------------------------------------------- summary
+
+rc=0
+if ((test_rc != 0)); then
+	rc=$test_rc
+elif ((vet_rc != 0 || ${#fuzz_failed[@]} != 0)); then
+	rc=1
+fi
+vet_note=ok
+((vet_rc == 0)) || vet_note="FAILED"
+test_note=ok
+((test_rc == 0)) || test_note="FAILED (exit $test_rc)"
+fuzz_note="$((fuzz_total - ${#fuzz_failed[@]}))/$fuzz_total ok"
+((${#fuzz_failed[@]} == 0)) || fuzz_note="$fuzz_note, FAILED: ${fuzz_failed[*]}"
+verdict=PASS
+((rc == 0)) || verdict=FAIL
+echo
+echo "test.sh: $verdict: go vet $vet_note; go test $test_note; fuzz $fuzz_note; stack: $STACK_NOTE"
+echo "packages: $pkgs_ok ok, $pkgs_failed failed"
+# Closing line in the plain "N passed, N failed" form, counting top-level tests.
+echo "tests: $tests_ok passed, $tests_failed failed, $tests_skipped skipped"
+exit "$rc"
