@@ -32,7 +32,7 @@ func setupPromotion(t *testing.T, partitions int32) promotionBundle {
 }
 
 // start runs one promotion router (one process's worth) until the test ends.
-func (b *promotionBundle) start(t *testing.T, interval time.Duration) {
+func (b *promotionBundle) start(t testing.TB, interval time.Duration) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	exp, err := expire.New(b.db, expire.Config{Topic: b.topic, BatchSize: 200}, log)
