@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // PostgreSQL driver
 
+	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/sqlmigrate"
 )
 
@@ -59,9 +61,12 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
-func newLogger(level, service string) *slog.Logger {
+func newLogger(level, service string) *slog.Logger { return newLoggerTo(os.Stdout, level, service) }
+
+// newLoggerTo is a slog JSON logger tagged with the service name.
+func newLoggerTo(w io.Writer, level, service string) *slog.Logger {
 	l, _ := parseLevel(level)
-	return slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: l})).With("service", service)
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})).With("service", service)
 }
 
 // openDB connects, waiting up to 30s for PostgreSQL to accept connections,
@@ -99,4 +104,32 @@ func openDB(ctx context.Context, c commonConfig, log *slog.Logger) (*sqlx.DB, er
 		log.Info("migrations applied", "versions", applied)
 	}
 	return db, nil
+}
+
+// topicConfig is how a process creates the topics it uses.
+type topicConfig struct {
+	Partitions  int
+	Replication int
+	Create      bool
+}
+
+func (c *topicConfig) register(s *settings) {
+	s.int(&c.Partitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", 6, "partitions of a topic this process creates")
+	s.int(&c.Replication, "topic-replication", "KAFKA_TOPIC_REPLICATION", 1, "replication factor of a topic this process creates")
+	s.bool(&c.Create, "create-topics", "KAFKA_CREATE_TOPICS", true, "create the topics it uses at start when missing")
+}
+
+func (c topicConfig) validate() error {
+	if c.Partitions < 1 || c.Replication < 1 {
+		return errors.New("topic partitions and replication must be >= 1")
+	}
+	return nil
+}
+
+// ensure creates the missing topics when asked to.
+func (c topicConfig) ensure(brokers []string, topics ...string) error {
+	if !c.Create {
+		return nil
+	}
+	return router.EnsureTopics(brokers, int32(c.Partitions), int16(c.Replication), topics...)
 }

@@ -17,6 +17,8 @@ const usage = `promoflow: promotion expiry and promotion boost pipeline.
 
 Usage:
   promoflow promotion [flags]    run the promotion context (purchase API, expirer, outbox relay)
+  promoflow catalog [flags]      run the catalog context (Promotion Boost consumer, card feed, rebuild)
+  promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow help                 show this help
 
@@ -45,6 +47,10 @@ func run(ctx context.Context, args []string) error {
 	switch cmd {
 	case "promotion":
 		return runPromotion(ctx, rest)
+	case "catalog":
+		return runCatalog(ctx, rest)
+	case "dlq-replay":
+		return runDLQReplay(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
 	case "help", "-h", "--help":

@@ -25,9 +25,7 @@ type promotionConfig struct {
 	ExpireMaxDuration time.Duration
 	OutboxPoll        time.Duration
 	OutboxBatchSize   int
-	TopicPartitions   int
-	TopicReplication  int
-	CreateTopics      bool
+	Topics            topicConfig
 }
 
 func (c *promotionConfig) register(s *settings) {
@@ -39,9 +37,7 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.ExpireMaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog")
 	s.dur(&c.OutboxPoll, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "how often the relay polls an idle outbox")
 	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", 500, "outbox rows the relay reads per query")
-	s.int(&c.TopicPartitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", 6, "partitions of a topic this process creates")
-	s.int(&c.TopicReplication, "topic-replication", "KAFKA_TOPIC_REPLICATION", 1, "replication factor of a topic this process creates")
-	s.bool(&c.CreateTopics, "create-topics", "KAFKA_CREATE_TOPICS", true, "create the event topic at start when it is missing")
+	c.Topics.register(s)
 }
 
 func (c promotionConfig) validate() error {
@@ -52,9 +48,7 @@ func (c promotionConfig) validate() error {
 	if c.ExpireInterval <= 0 {
 		errs = append(errs, errors.New("expire interval must be positive"))
 	}
-	if c.TopicPartitions < 1 || c.TopicReplication < 1 {
-		errs = append(errs, errors.New("topic partitions and replication must be >= 1"))
-	}
+	errs = append(errs, c.Topics.validate())
 	return errors.Join(errs...)
 }
 
@@ -80,10 +74,8 @@ func runPromotion(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	brokers := splitList(cfg.KafkaBrokers)
-	if cfg.CreateTopics {
-		if err := router.EnsureTopics(brokers, int32(cfg.TopicPartitions), int16(cfg.TopicReplication), cfg.Topic); err != nil {
-			return err
-		}
+	if err := cfg.Topics.ensure(brokers, cfg.Topic); err != nil {
+		return err
 	}
 
 	reg := newRegistry()

@@ -48,6 +48,11 @@ func (s *settings) dur(p *time.Duration, name, env string, def time.Duration, us
 	s.envs[name] = env
 }
 
+func (s *settings) float(p *float64, name, env string, def float64, usage string) {
+	s.fs.Float64Var(p, name, def, usage)
+	s.envs[name] = env
+}
+
 func (s *settings) bool(p *bool, name, env string, def bool, usage string) {
 	s.fs.BoolVar(p, name, def, usage)
 	s.envs[name] = env

@@ -77,10 +77,9 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	wlog := watermill.NewSlogLogger(log)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	r, wlog, err := newRouter(log)
 	if err != nil {
-		return nil, fmt.Errorf("new router: %w", err)
+		return nil, err
 	}
 	p := &Promotion{Router: r}
 
@@ -188,4 +187,15 @@ func (p *Promotion) Run(ctx context.Context) error {
 		err = errors.Join(err, c())
 	}
 	return err
+}
+
+// newRouter is a Watermill router logging through log. Close waits up to 30s
+// for handlers, longer than a batch or a message may take.
+func newRouter(log *slog.Logger) (*message.Router, watermill.LoggerAdapter, error) {
+	wlog := watermill.NewSlogLogger(log)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return nil, nil, fmt.Errorf("new router: %w", err)
+	}
+	return r, wlog, nil
 }

@@ -45,35 +45,7 @@ func (b *promotionBundle) start(t testing.TB, interval time.Duration) {
 		OutboxPollInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(45 * time.Second):
-			t.Error("router did not stop within 45s")
-		}
-	})
-	select {
-	case <-p.Router.Running():
-	case <-time.After(30 * time.Second):
-		t.Fatal("router did not start")
-	}
-}
-
-func countStatus(status event.Status) func([]*sarama.ConsumerMessage) int {
-	return func(ms []*sarama.ConsumerMessage) int {
-		n := 0
-		for _, m := range ms {
-			if ev, err := event.Parse(m.Value); err == nil && ev.Status == status {
-				n++
-			}
-		}
-		return n
-	}
+	runUntilCleanup(t, p.Run, p.Router.IsRunning)
 }
 
 func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {
@@ -201,4 +173,23 @@ func topicSize(t *testing.T, topic string) int64 {
 		total += off
 	}
 	return total
+}
+
+// runUntilCleanup runs a router until the test ends, after it is ready, and
+// checks that it stops cleanly.
+func runUntilCleanup(t testing.TB, run func(context.Context) error, ready func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(45 * time.Second):
+			t.Error("router did not stop within 45s")
+		}
+	})
+	require.Eventually(t, ready, 30*time.Second, 10*time.Millisecond, "router did not start")
 }

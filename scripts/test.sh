@@ -81,6 +81,17 @@ vet_rc=0
 log "go vet ./..."
 go vet ./... || vet_rc=$?
 
+# Alert rules: promtool comes from Debian's prometheus package.
+rules_rc=0
+if ! command -v promtool >/dev/null; then
+	[[ $(id -u) -eq 0 ]] || die "promtool is missing (apt-get install prometheus)"
+	log "installing promtool (Debian package prometheus)"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
+fi
+log "promtool check/test rules"
+(cd deploy/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml) || rules_rc=$?
+
 test_rc=0
 test_out=$(mktemp)
 trap 'rm -f "$test_out"; stop_started' EXIT
@@ -129,7 +140,7 @@ STARTED=()
 rc=0
 if ((test_rc != 0)); then
 	rc=$test_rc
-elif ((vet_rc != 0 || ${#fuzz_failed[@]} != 0)); then
+elif ((vet_rc != 0 || rules_rc != 0 || ${#fuzz_failed[@]} != 0)); then
 	rc=1
 fi
 vet_note=ok
@@ -141,7 +152,9 @@ fuzz_note="$((fuzz_total - ${#fuzz_failed[@]}))/$fuzz_total ok"
 verdict=PASS
 ((rc == 0)) || verdict=FAIL
 echo
-echo "test.sh: $verdict: go vet $vet_note; go test $test_note; fuzz $fuzz_note; stack: $STACK_NOTE"
+rules_note=ok
+((rules_rc == 0)) || rules_note=FAILED
+echo "test.sh: $verdict: go vet $vet_note; alert rules $rules_note; go test $test_note; fuzz $fuzz_note; stack: $STACK_NOTE"
 echo "packages: $pkgs_ok ok, $pkgs_failed failed"
 # Closing line in the plain "N passed, N failed" form, counting top-level tests.
 echo "tests: $tests_ok passed, $tests_failed failed, $tests_skipped skipped"

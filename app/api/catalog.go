@@ -1,0 +1,248 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/router"
+)
+
+// Catalog serves the card feed (as the chessboard context would call it), the
+// card reads and the projection rebuild.
+type Catalog struct {
+	DB *sqlx.DB
+	// AdminToken guards the feed and the rebuild. Empty refuses them all.
+	AdminToken string
+	Rebuilder  *router.Rebuilder
+	// Ctx bounds background work (the rebuild): the process's lifetime.
+	Ctx context.Context
+	Log *slog.Logger
+}
+
+// Register mounts the routes on mux.
+func (h *Catalog) Register(mux *http.ServeMux) {
+	mux.HandleFunc("PUT /cards/projects/{id}", h.admin(h.putProject))
+	mux.HandleFunc("PUT /cards/property-objects/{id}", h.admin(h.putObject))
+	mux.HandleFunc("GET /cards/projects/{id}", h.getProject)
+	mux.HandleFunc("GET /cards/projects/{id}/property-objects", h.listObjects)
+	mux.HandleFunc("GET /cards/property-objects/{id}", h.getObject)
+	mux.HandleFunc("POST /admin/projections/rebuild", h.admin(h.startRebuild))
+	mux.HandleFunc("GET /admin/projections/rebuild", h.admin(h.rebuildStatus))
+}
+
+func (h *Catalog) admin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || h.AdminToken == "" || subtle.ConstantTimeCompare([]byte(token), []byte(h.AdminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="promoflow-admin"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "the admin bearer token is required")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// ProjectCard is the JSON form of a project card.
+type ProjectCard struct {
+	Id                       uuid.UUID    `json:"Id"`
+	Title                    string       `json:"Title"`
+	Status                   string       `json:"Status"`
+	Visibility               string       `json:"Visibility"`
+	MinPrice                 *json.Number `json:"MinPrice"`
+	PropertyObjectsAvailable int          `json:"PropertyObjectsAvailable"`
+	Payback                  *json.Number `json:"Payback"`
+	PromotionBoost           int          `json:"PromotionBoost"`
+	UpdatedAt                *time.Time   `json:"UpdatedAt,omitempty"`
+}
+
+// PropertyObjectCard is the JSON form of a property-object card.
+type PropertyObjectCard struct {
+	Id             uuid.UUID    `json:"Id"`
+	ProjectId      uuid.UUID    `json:"ProjectId"`
+	Published      bool         `json:"Published"`
+	Status         string       `json:"Status"`
+	Price          *json.Number `json:"Price"`
+	PromotionBoost int          `json:"PromotionBoost"`
+	UpdatedAt      *time.Time   `json:"UpdatedAt,omitempty"`
+}
+
+func numStr(n *json.Number) *string {
+	if n == nil {
+		return nil
+	}
+	s := n.String()
+	return &s
+}
+
+func strNum(s *string) *json.Number {
+	if s == nil {
+		return nil
+	}
+	n := json.Number(*s)
+	return &n
+}
+
+func projectView(c boost.ProjectCard) ProjectCard {
+	return ProjectCard{Id: c.ID, Title: c.Title, Status: c.Status, Visibility: c.Visibility, MinPrice: strNum(c.MinPrice),
+		PropertyObjectsAvailable: c.PropertyObjectsAvailable, Payback: strNum(c.Payback), PromotionBoost: c.PromotionBoost, UpdatedAt: &c.UpdatedAt}
+}
+
+func objectView(c boost.PropertyObjectCard) PropertyObjectCard {
+	return PropertyObjectCard{Id: c.ID, ProjectId: c.ProjectID, Published: c.Published, Status: c.Status,
+		Price: strNum(c.Price), PromotionBoost: c.PromotionBoost, UpdatedAt: &c.UpdatedAt}
+}
+
+// decode reads one JSON object with no unknown fields, or answers 400.
+func decode(w http.ResponseWriter, r *http.Request, into any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(into); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed_json", "request body is not valid: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (h *Catalog) putProject(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	var in ProjectCard
+	if !decode(w, r, &in) {
+		return
+	}
+	card := boost.ProjectCard{ID: id, Title: in.Title, Status: in.Status, Visibility: in.Visibility,
+		MinPrice: numStr(in.MinPrice), PropertyObjectsAvailable: in.PropertyObjectsAvailable, Payback: numStr(in.Payback)}
+	h.write(w, r, func(ctx context.Context, tx *sqlx.Tx) (any, error) {
+		if err := boost.UpsertProjectCardTx(ctx, tx, card); err != nil {
+			return nil, err
+		}
+		c, err := boost.GetProjectCard(ctx, tx, id)
+		return projectView(c), err
+	})
+}
+
+func (h *Catalog) putObject(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	var in PropertyObjectCard
+	if !decode(w, r, &in) {
+		return
+	}
+	card := boost.PropertyObjectCard{ID: id, ProjectID: in.ProjectId, Published: in.Published, Status: in.Status, Price: numStr(in.Price)}
+	h.write(w, r, func(ctx context.Context, tx *sqlx.Tx) (any, error) {
+		if err := boost.UpsertPropertyObjectCardTx(ctx, tx, card); err != nil {
+			return nil, err
+		}
+		c, err := boost.GetPropertyObjectCard(ctx, tx, id)
+		return objectView(c), err
+	})
+}
+
+// write runs fn in one transaction and answers its result.
+func (h *Catalog) write(w http.ResponseWriter, r *http.Request, fn func(context.Context, *sqlx.Tx) (any, error)) {
+	tx, err := h.DB.BeginTxx(r.Context(), nil)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out, err := fn(r.Context(), tx)
+	if err != nil {
+		_ = tx.Rollback()
+		h.fail(w, r, err)
+		return
+	}
+	if err := tx.Commit(); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Catalog) getProject(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	c, err := boost.GetProjectCard(r.Context(), h.DB, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, projectView(c))
+}
+
+func (h *Catalog) getObject(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	c, err := boost.GetPropertyObjectCard(r.Context(), h.DB, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, objectView(c))
+}
+
+func (h *Catalog) listObjects(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	cs, err := boost.ListPropertyObjectCards(r.Context(), h.DB, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := make([]PropertyObjectCard, len(cs))
+	for i, c := range cs {
+		out[i] = objectView(c)
+	}
+	writeJSON(w, http.StatusOK, map[string][]PropertyObjectCard{"items": out})
+}
+
+func (h *Catalog) startRebuild(w http.ResponseWriter, _ *http.Request) {
+	st, err := h.Rebuilder.Start(h.Ctx)
+	switch {
+	case errors.Is(err, router.ErrRebuildRunning):
+		writeError(w, http.StatusConflict, "rebuild_running", err.Error())
+	case err != nil:
+		h.Log.Error("projection rebuild did not start", "error", err.Error())
+		writeError(w, http.StatusInternalServerError, "internal", "the rebuild did not start: "+err.Error())
+	default:
+		writeJSON(w, http.StatusAccepted, st)
+	}
+}
+
+func (h *Catalog) rebuildStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, h.Rebuilder.Status())
+}
+
+func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, boost.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", "no such card")
+	case errors.Is(err, boost.ErrInvalidCard):
+		writeError(w, http.StatusUnprocessableEntity, "validation_failed", err.Error())
+	case errors.Is(err, boost.ErrConflict):
+		writeError(w, http.StatusConflict, "conflict", "a concurrent update won; try again")
+	default:
+		h.Log.Error("catalog api failed", "method", r.Method, "path", r.URL.Path, "error", err.Error())
+		writeError(w, http.StatusInternalServerError, "internal", "internal error")
+	}
+}

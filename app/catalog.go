@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/promoflow/promoflow/app/api"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router"
+)
+
+// catalogConfig is the catalog process's configuration.
+type catalogConfig struct {
+	commonConfig
+	Enabled       bool
+	Topic         string
+	ReplayTopic   string
+	DLQTopic      string
+	ConsumerGroup string
+	AdminToken    string
+	RetryInitial  time.Duration
+	RetryMax      time.Duration
+	Topics        topicConfig
+}
+
+func (c *catalogConfig) register(s *settings) {
+	c.commonConfig.register(s, ":8081")
+	s.bool(&c.Enabled, "promotions-enabled", "CATALOG_PROMOTIONS_ENABLED", true, "feature flag catalog.promotions.enabled: when false the consumer does not subscribe")
+	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
+	s.str(&c.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", router.ReplayTopicDefault, "topic of DLQ replays, read by this consumer only")
+	s.str(&c.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
+	s.str(&c.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
+	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
+	s.dur(&c.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", time.Second, "first backoff after an infrastructure error")
+	s.dur(&c.RetryMax, "retry-max", "CATALOG_RETRY_MAX", time.Minute, "largest backoff after infrastructure errors")
+	c.Topics.register(s)
+}
+
+func runCatalog(ctx context.Context, args []string) error {
+	var cfg catalogConfig
+	s := newSettings("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.")
+	cfg.register(s)
+	if err := s.parse(args); err != nil {
+		return err
+	}
+	if err := errors.Join(cfg.commonConfig.validate(), cfg.Topics.validate()); err != nil {
+		return err
+	}
+	return startCatalog(ctx, cfg, newLogger(cfg.LogLevel, "catalog"))
+}
+
+func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {
+	db, err := openDB(ctx, cfg.commonConfig, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	brokers := splitList(cfg.KafkaBrokers)
+	if err := cfg.Topics.ensure(brokers, cfg.Topic, cfg.ReplayTopic, cfg.DLQTopic); err != nil {
+		return err
+	}
+	reg := newRegistry()
+	metrics, err := router.NewCatalogMetrics(reg)
+	if err != nil {
+		return err
+	}
+	c, err := router.NewCatalog(db, metrics, log, router.CatalogConfig{
+		Brokers: brokers, Enabled: cfg.Enabled, Topic: cfg.Topic, ReplayTopic: cfg.ReplayTopic,
+		DLQTopic: cfg.DLQTopic, ConsumerGroup: cfg.ConsumerGroup, RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax,
+	})
+	if err != nil {
+		return err
+	}
+	rebuilder := &router.Rebuilder{DB: db, Brokers: brokers, Topics: []string{cfg.Topic, cfg.ReplayTopic}, Chain: c.Chain, Log: log}
+	mux := newMux(reg, dbReady(db), routerReady(c.Ready))
+	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Ctx: ctx, Log: log}).Register(mux)
+	return runAll(ctx, log,
+		func(ctx context.Context) error { return c.Run(ctx) },
+		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, mux, log) },
+	)
+}

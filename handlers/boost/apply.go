@@ -1,0 +1,203 @@
+// Package boost is the business rule of the Promotion Boost consumer: it keeps
+// the catalog's replica of promotion contributions (one per purchase and
+// target) and denormalises their sum onto project and property-object cards
+// as promotion_boost. Every write joins the caller's transaction; nothing here
+// begins or commits one.
+package boost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// ErrConflict is a serialization failure or deadlock between concurrent
+// writers. The caller rolls back, re-reads and retries (seed: 3 immediate
+// retries, then the DLQ).
+var ErrConflict = errors.New("concurrent update conflict")
+
+// Outcome is what applying one event did.
+type Outcome struct {
+	// PostOnly is set when the event had no Project or PropertyObject target;
+	// nothing was written (Post targets belong to the news context).
+	PostOnly bool
+	// Stale is set when the event's Version is below the stored version of the
+	// purchase's contributions; nothing was written.
+	Stale bool
+	// Contributions is how many contributions (one per Project/PropertyObject
+	// target) the event upserted.
+	Contributions int
+	// CardsRecomputed is how many cards got a new promotion_boost.
+	CardsRecomputed int
+}
+
+// Apply upserts the contributions of one validated event and recomputes the
+// boost of every card they address, in tx.
+//
+// A project card's boost is the sum of the active {Project, card.id}
+// contributions. A property-object card's boost is the sum of the active
+// {PropertyObject, card.id} contributions plus, while the card is published,
+// the active {Project, card.project_id} ones: a Project target cascades to its
+// project's published objects only. A card that does not exist yet is not an
+// error; its contribution is kept and the card's upsert picks it up.
+func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome, error) {
+	projects, objects := splitTargets(ev.Targets)
+	if len(projects)+len(objects) == 0 {
+		return Outcome{PostOnly: true}, nil
+	}
+
+	// Locks before any read: the purchase (serialises its own events, e.g. a
+	// replay racing the live consumer), then every card whose sum this event
+	// changes, so that a concurrent event or card upsert on the same card
+	// either commits before our sums are read or waits for our commit.
+	purchase := []string{ev.PurchaseId.String()}
+	if len(projects) == 0 {
+		if err := lock(ctx, tx, purchase, nil, objects, nil); err != nil {
+			return Outcome{}, err
+		}
+	} else {
+		if err := lock(ctx, tx, purchase, projects, nil, nil); err != nil {
+			return Outcome{}, err
+		}
+		// Read the cascade only once the projects are held: a card upsert
+		// locks its project first, so the set of published objects cannot
+		// change under us from here on.
+		if err := lock(ctx, tx, nil, nil, objects, projects); err != nil {
+			return Outcome{}, err
+		}
+	}
+
+	stored, err := upsertContributions(ctx, tx, ev, projects, objects)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if ev.Version < stored {
+		return Outcome{Stale: true}, nil
+	}
+	n, err := recompute(ctx, tx, projects, objects)
+	if err != nil {
+		return Outcome{}, err
+	}
+	return Outcome{Contributions: len(projects) + len(objects), CardsRecomputed: n}, nil
+}
+
+// splitTargets returns the distinct Project and PropertyObject target ids as
+// text (the form pq.Array sends); Post targets are dropped.
+func splitTargets(targets []event.Target) (projects, objects []string) {
+	seen := make(map[event.Target]bool, len(targets))
+	for _, t := range targets {
+		if seen[t] {
+			continue
+		}
+		seen[t] = true
+		switch t.TargetKind {
+		case event.TargetProject:
+			projects = append(projects, t.TargetId.String())
+		case event.TargetPropertyObject:
+			objects = append(objects, t.TargetId.String())
+		}
+	}
+	return projects, objects
+}
+
+// upsertContributions writes one contribution per target unless the event is
+// stale, and returns the purchase's stored version as it was before (0 when
+// none). One statement: the guard and the upsert see the same snapshot, taken
+// after the purchase lock.
+func upsertContributions(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged, projects, objects []string) (int64, error) {
+	kinds := make([]string, 0, len(projects)+len(objects))
+	ids := make([]string, 0, len(projects)+len(objects))
+	for _, id := range projects {
+		kinds, ids = append(kinds, string(event.TargetProject)), append(ids, id)
+	}
+	for _, id := range objects {
+		kinds, ids = append(kinds, string(event.TargetPropertyObject)), append(ids, id)
+	}
+	var stored int64
+	err := tx.GetContext(ctx, &stored, `WITH stored AS (
+			SELECT coalesce(max(version), 0) AS version
+			FROM catalog.promotion_contributions WHERE purchase_id = $1::uuid
+		), written AS (
+			INSERT INTO catalog.promotion_contributions AS c
+				(purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
+			SELECT $1::uuid, t.kind, t.id, $4::integer, $5::text, $6::bigint, $7::boolean, $8::timestamptz, now()
+			FROM unnest($2::text[], $3::uuid[]) AS t(kind, id), stored
+			WHERE $6::bigint >= stored.version
+			ON CONFLICT (purchase_id, target_kind, target_id) DO UPDATE SET
+				boost_weight = excluded.boost_weight, status = excluded.status, version = excluded.version,
+				active = excluded.active, ends_at = excluded.ends_at, updated_at = excluded.updated_at
+			WHERE c.version <= excluded.version
+				AND (c.boost_weight, c.status, c.version, c.ends_at)
+					IS DISTINCT FROM (excluded.boost_weight, excluded.status, excluded.version, excluded.ends_at)
+		)
+		SELECT version FROM stored`,
+		ev.PurchaseId, pq.Array(kinds), pq.Array(ids), ev.BoostWeight, string(ev.Status), ev.Version,
+		ev.Status == event.StatusActive, ev.EndsAt)
+	if err != nil {
+		return 0, wrap("upsert contributions", err)
+	}
+	return stored, nil
+}
+
+// recompute sets the boost of the project cards in projects and of the
+// property-object cards in objects or published under projects, writing only
+// the cards whose value changed, and returns how many it wrote. It must run
+// after the locks: its snapshot then holds every committed contribution.
+func recompute(ctx context.Context, tx *sqlx.Tx, projects, objects []string) (int, error) {
+	var n int
+	err := tx.GetContext(ctx, &n, `WITH projects AS (
+			UPDATE catalog.project_cards p SET promotion_boost = s.boost, updated_at = now()
+			FROM (SELECT pc.id, `+projectBoost("pc.id")+` AS boost
+				FROM catalog.project_cards pc WHERE pc.id = ANY($1::uuid[])) s
+			WHERE p.id = s.id AND p.promotion_boost <> s.boost
+			RETURNING 1
+		), objects AS (
+			UPDATE catalog.property_object_cards o SET promotion_boost = s.boost, updated_at = now()
+			FROM (SELECT oc.id, `+objectBoost("oc.id", "oc.project_id", "oc.published")+` AS boost
+				FROM catalog.property_object_cards oc
+				WHERE oc.id = ANY($2::uuid[]) OR (oc.published AND oc.project_id = ANY($1::uuid[]))) s
+			WHERE o.id = s.id AND o.promotion_boost <> s.boost
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`,
+		pq.Array(projects), pq.Array(objects))
+	if err != nil {
+		return 0, wrap("recompute cards", err)
+	}
+	return n, nil
+}
+
+// sumOf is the SQL sum of the active contributions of one target.
+func sumOf(kind event.TargetKind, id string) string {
+	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
+		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
+}
+
+// projectBoost is the SQL boost of the project card with the given id.
+func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
+
+// objectBoost is the SQL boost of a property-object card. The project part
+// counts only while the card is published, so that the value is a function of
+// the replica and the card alone: the cascade never reaches an unpublished
+// card, and a replay after a rebuild must reproduce every card.
+func objectBoost(id, projectID, published string) string {
+	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
+		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
+}
+
+// wrap adds context to a database error and classifies serialization
+// failures and deadlocks as ErrConflict.
+func wrap(op string, err error) error {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) &&
+		(pqErr.Code == pqerror.TRSerializationFailure || pqErr.Code == pqerror.TRDeadlockDetected) {
+		return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

@@ -1,0 +1,147 @@
+package middleware_test
+
+import (
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+)
+
+type dedupBundle struct {
+	db         *sqlx.DB
+	logs       *testenv.Logs
+	duplicates atomic.Int32
+	calls      atomic.Int32
+	// handle runs UnitOfWork → Dedup → handler, where handler applies the effect
+	// and then does what next says.
+	handle func(msg *message.Message, next func() error) error
+}
+
+func setupDedup(t *testing.T) *dedupBundle {
+	t.Helper()
+	t.Parallel()
+	b := &dedupBundle{db: catalogDB(t), logs: &testenv.Logs{}}
+	dedup, err := middleware.Dedup(middleware.DedupConfig{
+		Logger:      b.logs.Logger(),
+		OnDuplicate: func(*message.Message) { b.duplicates.Add(1) },
+	})
+	require.NoError(t, err)
+	b.handle = func(msg *message.Message, next func() error) error {
+		_, err := chain(func(msg *message.Message) ([]*message.Message, error) {
+			b.calls.Add(1)
+			if err := applyEffect(msg); err != nil {
+				return nil, err
+			}
+			return nil, next()
+		}, middleware.UnitOfWork(b.db), dedup)(msg)
+		return err
+	}
+	return b
+}
+
+func ok() error { return nil }
+
+func TestDedup_DuplicateMessageIsAckedWithoutEffect(t *testing.T) {
+	b := setupDedup(t)
+	msg := newMessage(t)
+
+	require.NoError(t, b.handle(msg, ok))
+	require.NoError(t, b.handle(msg.Copy(), ok), "a duplicate is an ack no-op")
+
+	require.EqualValues(t, 1, b.calls.Load(), "the handler does not see the duplicate")
+	require.Equal(t, 1, effectCount(t, b.db, msg.UUID))
+	require.EqualValues(t, 1, b.duplicates.Load())
+	require.Equal(t, []string{"catalog-promotion:purchase-changed:" + msg.UUID}, processedKeys(t, b.db))
+	skipped := b.logs.Find(slog.LevelInfo, "skipped-duplicate")
+	require.Len(t, skipped, 1)
+	require.Equal(t, msg.UUID, skipped[0]["MessageId"])
+	require.Equal(t, msg.Metadata.Get(event.HeaderAggregateID), skipped[0]["PurchaseId"])
+}
+
+func TestDedup_ConcurrentDuplicatesApplyTheEffectOnce(t *testing.T) {
+	b := setupDedup(t)
+	msg := newMessage(t)
+	const deliveries = 5
+
+	// The first delivery to store the key holds its transaction open until the
+	// others are seen waiting on the key's primary-key lock.
+	release := make(chan struct{})
+	errs := make(chan error, deliveries)
+	var wg sync.WaitGroup
+	for range deliveries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- b.handle(msg.Copy(), func() error { <-release; return nil })
+		}()
+	}
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := b.db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+		return assert.NoError(t, err) && waiting == deliveries-1 && b.calls.Load() == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	close(release)
+	wg.Wait()
+	close(errs)
+
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1, b.calls.Load())
+	require.Equal(t, 1, effectCount(t, b.db, msg.UUID))
+	require.EqualValues(t, deliveries-1, b.duplicates.Load())
+	require.Len(t, b.logs.Find(slog.LevelInfo, "skipped-duplicate"), deliveries-1)
+}
+
+func TestDedup_KeyIsStoredInTheSameTransactionAsTheEffect(t *testing.T) {
+	b := setupDedup(t)
+	msg := newMessage(t)
+
+	err := b.handle(msg, func() error { return errors.New("card update failed") })
+	require.Error(t, err)
+	require.Empty(t, processedKeys(t, b.db), "a rolled-back delivery leaves no dedup mark")
+
+	require.NoError(t, b.handle(msg.Copy(), ok), "the redelivery is applied, not skipped")
+	require.EqualValues(t, 2, b.calls.Load())
+	require.Equal(t, 1, effectCount(t, b.db, msg.UUID))
+	require.Zero(t, b.duplicates.Load())
+}
+
+func TestDedup_MessageWithoutUUIDIsAContractViolation(t *testing.T) {
+	b := setupDedup(t)
+	msg := newMessage(t)
+	msg.UUID = ""
+
+	err := b.handle(msg, ok)
+
+	var ce *event.ContractError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "MessageId", ce.Field)
+	require.Zero(t, b.calls.Load())
+	require.Empty(t, processedKeys(t, b.db))
+}
+
+func TestDedup_OutsideUnitOfWorkFails(t *testing.T) {
+	t.Parallel()
+	dedup, err := middleware.Dedup(middleware.DedupConfig{})
+	require.NoError(t, err)
+
+	_, err = dedup(func(*message.Message) ([]*message.Message, error) {
+		t.Fatal("handler must not run")
+		return nil, nil
+	})(newMessage(t))
+
+	require.ErrorIs(t, err, middleware.ErrNoTx)
+}

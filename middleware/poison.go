@@ -1,0 +1,158 @@
+package middleware
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// DLQTopicDefault is the Promotion Boost consumer's dead-letter topic.
+const DLQTopicDefault = "pin.catalog.promotion-boost-dlq.v1"
+
+// Metadata keys PoisonQueue adds to a dead-lettered message (Kafka record headers).
+const (
+	// HeaderDLQReason is the human-readable cause (Permanent.Reason, at most 1 KiB).
+	HeaderDLQReason = "x-dlq-reason"
+	// HeaderDLQErrorCode is the machine-readable class (Permanent.Code).
+	HeaderDLQErrorCode = "x-dlq-error-code"
+	// HeaderSourceTopic is the topic the message was consumed from.
+	HeaderSourceTopic = "x-source-topic"
+	// HeaderOriginalPartition is the source record's Kafka partition.
+	HeaderOriginalPartition = "x-original-partition"
+	// HeaderOriginalOffset is the source record's Kafka offset.
+	HeaderOriginalOffset = "x-original-offset"
+)
+
+// maxReasonBytes bounds x-dlq-reason: a contract error joins every violation of
+// the payload, and a header is for a reader, not for the whole story.
+const maxReasonBytes = 1024
+
+// PoisonConfig configures PoisonQueue.
+type PoisonConfig struct {
+	// Topic is the dead-letter topic. Defaults to DLQTopicDefault.
+	Topic string
+	// SourceTopic is written to x-source-topic when the message context names no
+	// subscribed topic (the router always names it). Optional.
+	SourceTopic string
+	// Logger receives the ERROR "dead-lettered" record. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnDeadLetter, if set, is called once for every dead-lettered message (for
+	// catalog_promotion_dlq_total and its alert).
+	OnDeadLetter func(msg *message.Message, p *Permanent)
+}
+
+func (c *PoisonConfig) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, DLQTopicDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+}
+
+// Validate reports every missing setting.
+func (c PoisonConfig) Validate() error {
+	if c.Topic == "" {
+		return errors.New("dlq topic is required")
+	}
+	return nil
+}
+
+// PoisonQueue publishes a message whose handler failed with a *Permanent error
+// to the DLQ topic and acks it, so its partition keeps flowing. The DLQ message
+// has the same UUID, the original payload bytes and all original metadata, plus
+// x-dlq-reason, x-dlq-error-code, x-source-topic, x-original-partition and
+// x-original-offset (the last two when the message came from watermill-kafka).
+// If the publish fails, the error is returned (nack, redelivery): a message is
+// never dropped. Any other error passes through unchanged.
+func PoisonQueue(pub message.Publisher, cfg PoisonConfig) (message.HandlerMiddleware, error) {
+	cfg.setDefaults()
+	var errs []error
+	if pub == nil {
+		errs = append(errs, errors.New("dlq publisher is required"))
+	}
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("poison queue config: %w", err)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			var perm *Permanent
+			if err == nil || !errors.As(err, &perm) {
+				return out, err
+			}
+			dlq, attrs := cfg.deadLetter(msg, perm)
+			if err := pub.Publish(cfg.Topic, dlq); err != nil {
+				return nil, fmt.Errorf("publish %s to dlq %s: %w", msg.UUID, cfg.Topic, err)
+			}
+			cfg.Logger.ErrorContext(msg.Context(), "dead-lettered", attrs...)
+			if cfg.OnDeadLetter != nil {
+				cfg.OnDeadLetter(msg, perm)
+			}
+			return nil, nil
+		}
+	}, nil
+}
+
+// deadLetter builds the DLQ message and the attributes of its log record.
+func (c PoisonConfig) deadLetter(msg *message.Message, perm *Permanent) (*message.Message, []any) {
+	ctx := msg.Context()
+	reason := truncate(cmp.Or(perm.Reason, perm.Error()), maxReasonBytes)
+
+	dlq := message.NewMessage(msg.UUID, slices.Clone(msg.Payload))
+	dlq.Metadata = maps.Clone(msg.Metadata)
+	if dlq.Metadata == nil {
+		dlq.Metadata = message.Metadata{}
+	}
+	dlq.Metadata.Set(HeaderDLQReason, reason)
+	dlq.Metadata.Set(HeaderDLQErrorCode, perm.Code)
+	attrs := []any{
+		"MessageId", msg.UUID,
+		"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID),
+		"code", perm.Code,
+		"reason", reason,
+		"dlqTopic", c.Topic,
+	}
+	if topic := cmp.Or(message.SubscribeTopicFromCtx(ctx), c.SourceTopic); topic != "" {
+		dlq.Metadata.Set(HeaderSourceTopic, topic)
+		attrs = append(attrs, "sourceTopic", topic)
+	}
+	if p, ok := kafka.MessagePartitionFromCtx(ctx); ok {
+		dlq.Metadata.Set(HeaderOriginalPartition, strconv.FormatInt(int64(p), 10))
+		attrs = append(attrs, "partition", p)
+	}
+	if o, ok := kafka.MessagePartitionOffsetFromCtx(ctx); ok {
+		dlq.Metadata.Set(HeaderOriginalOffset, strconv.FormatInt(o, 10))
+		attrs = append(attrs, "offset", o)
+	}
+	dlq.SetContext(ctx)
+	return dlq, attrs
+}
+
+// DLQPartitionKey keys a dead-lettered record by its purchase id (the
+// aggregate_id header), so a replay keeps per-purchase order, and falls back to
+// the message UUID: a contract violation may lack the header, and a key error
+// would stop the record from ever reaching the DLQ. Use it with
+// kafka.NewWithPartitioningMarshaler for the DLQ publisher.
+func DLQPartitionKey(_ string, msg *message.Message) (string, error) {
+	return cmp.Or(msg.Metadata.Get(event.HeaderAggregateID), msg.UUID), nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

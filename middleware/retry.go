@@ -1,0 +1,190 @@
+package middleware
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// Error codes of a Permanent error, written to the DLQ record's x-dlq-error-code.
+const (
+	// CodeContractViolation is a payload or contract violation (*event.ContractError).
+	CodeContractViolation = "contract_violation"
+	// CodeConflictExhausted is an optimistic-lock conflict that outlived its retries.
+	CodeConflictExhausted = "conflict_exhausted"
+)
+
+// Retry kinds passed to RetryConfig.OnRetry and logged as "kind".
+const (
+	// RetryConflict is an immediate re-run after an optimistic-lock conflict.
+	RetryConflict = "conflict"
+	// RetryInfrastructure is a backed-off re-run after any other error.
+	RetryInfrastructure = "infrastructure"
+)
+
+// Permanent is an error that retrying cannot fix; PoisonQueue dead-letters it.
+type Permanent struct {
+	// Code classifies the failure (CodeContractViolation, CodeConflictExhausted).
+	Code string
+	// Reason is a short human-readable cause, written to x-dlq-reason.
+	Reason string
+	// Err is the error the handler returned.
+	Err error
+}
+
+// Error describes the permanent failure and its cause.
+func (p *Permanent) Error() string {
+	return fmt.Sprintf("permanent failure (%s): %v", p.Code, p.Err)
+}
+
+// Unwrap returns the handler's error, so errors.Is/As still see it.
+func (p *Permanent) Unwrap() error { return p.Err }
+
+// Retry defaults (seed: infrastructure backoff 1s → 60s; 3 conflict re-reads).
+const (
+	// RetryInitialIntervalDefault is the first infrastructure backoff.
+	RetryInitialIntervalDefault = time.Second
+	// RetryMaxIntervalDefault caps the infrastructure backoff.
+	RetryMaxIntervalDefault = 60 * time.Second
+	// RetryMultiplierDefault grows the infrastructure backoff per retry.
+	RetryMultiplierDefault = 2.0
+	// RetryConflictRetriesDefault is how many immediate re-runs a conflict gets.
+	RetryConflictRetriesDefault = 3
+)
+
+// RetryConfig configures Retry.
+type RetryConfig struct {
+	// IsConflict reports whether an error is an optimistic-lock conflict (for
+	// example errors.Is(err, boost.ErrConflict)). Required.
+	IsConflict func(error) bool
+	// ConflictRetries is how many immediate re-runs a conflict gets before it is
+	// Permanent. Defaults to 3.
+	ConflictRetries int
+	// InitialInterval is the wait before the first infrastructure retry. Defaults to 1s.
+	InitialInterval time.Duration
+	// MaxInterval caps the infrastructure backoff. Defaults to 60s.
+	MaxInterval time.Duration
+	// Multiplier grows the wait after each infrastructure retry. Defaults to 2.
+	Multiplier float64
+	// Close, when closed, stops an infrastructure retry like the end of the
+	// message context does. Optional.
+	Close <-chan struct{}
+	// Logger receives one WARN "retrying" record per retry. Defaults to slog.Default().
+	Logger *slog.Logger
+	// OnRetry, if set, is called once before every retry (for
+	// catalog_promotion_retries_total); kind is RetryConflict or RetryInfrastructure.
+	OnRetry func(msg *message.Message, kind string, attempt int, delay time.Duration, err error)
+}
+
+func (c *RetryConfig) setDefaults() {
+	c.ConflictRetries = cmp.Or(c.ConflictRetries, RetryConflictRetriesDefault)
+	c.InitialInterval = cmp.Or(c.InitialInterval, RetryInitialIntervalDefault)
+	c.MaxInterval = cmp.Or(c.MaxInterval, RetryMaxIntervalDefault)
+	c.Multiplier = cmp.Or(c.Multiplier, RetryMultiplierDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+}
+
+// Validate reports every missing or out-of-range setting.
+func (c RetryConfig) Validate() error {
+	var errs []error
+	if c.IsConflict == nil {
+		errs = append(errs, errors.New("conflict classifier is required"))
+	}
+	if c.ConflictRetries < 0 {
+		errs = append(errs, errors.New("conflict retries must be >= 0"))
+	}
+	if c.InitialInterval <= 0 || c.MaxInterval < c.InitialInterval {
+		errs = append(errs, errors.New("intervals must be positive with max >= initial"))
+	}
+	if c.Multiplier < 1 {
+		errs = append(errs, errors.New("multiplier must be >= 1"))
+	}
+	return errors.Join(errs...)
+}
+
+// Retry classifies the inner chain's errors by type and re-runs it:
+//   - a *Permanent passes through;
+//   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once;
+//   - a conflict (IsConflict) is re-run immediately up to ConflictRetries times,
+//     each in a fresh transaction when UnitOfWork is inside, then becomes
+//     Permanent{Code: CodeConflictExhausted};
+//   - anything else is infrastructure: it is re-run with exponential backoff
+//     without end and never becomes Permanent. The message stays in flight,
+//     which pauses its partition. When the message context ends or Close is
+//     closed, the last error is returned so the message is nacked, not dead-lettered.
+func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("retry config: %w", err)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			conflicts, infra := 0, 0
+			delay := cfg.InitialInterval
+			for {
+				out, err := h(msg)
+				if err == nil {
+					return out, nil
+				}
+				var perm *Permanent
+				if errors.As(err, &perm) {
+					return nil, err
+				}
+				var contract *event.ContractError
+				if errors.As(err, &contract) {
+					return nil, &Permanent{Code: CodeContractViolation, Reason: contract.Error(), Err: err}
+				}
+				ctx := msg.Context()
+				if ctx.Err() != nil {
+					// Shutting down or the partition was taken away: nack, never DLQ.
+					return nil, err
+				}
+				if cfg.IsConflict(err) {
+					if conflicts >= cfg.ConflictRetries {
+						return nil, &Permanent{
+							Code:   CodeConflictExhausted,
+							Reason: fmt.Sprintf("optimistic-lock conflict after %d retries: %v", conflicts, err),
+							Err:    err,
+						}
+					}
+					conflicts++
+					cfg.retrying(msg, RetryConflict, conflicts, 0, err)
+					continue
+				}
+
+				infra++
+				cfg.retrying(msg, RetryInfrastructure, infra, delay, err)
+				timer := time.NewTimer(delay)
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					timer.Stop()
+					return nil, err
+				case <-cfg.Close:
+					timer.Stop()
+					return nil, err
+				}
+				delay = min(time.Duration(float64(delay)*cfg.Multiplier), cfg.MaxInterval)
+			}
+		}
+	}, nil
+}
+
+func (c RetryConfig) retrying(msg *message.Message, kind string, attempt int, delay time.Duration, err error) {
+	c.Logger.WarnContext(msg.Context(), "retrying",
+		"MessageId", msg.UUID,
+		"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID),
+		"kind", kind,
+		"attempt", attempt,
+		"delay", delay,
+		"error", err.Error())
+	if c.OnRetry != nil {
+		c.OnRetry(msg, kind, attempt, delay, err)
+	}
+}

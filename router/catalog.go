@@ -1,0 +1,195 @@
+package router
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+)
+
+// Catalog topic and group names.
+const (
+	// CatalogConsumerGroup is the Promotion Boost consumer's group.
+	CatalogConsumerGroup = "pin-catalog-promotion-boost"
+	// ReplayTopicDefault carries DLQ replays; only the catalog consumer reads it.
+	ReplayTopicDefault = "pin.catalog.promotion-boost-replay.v1"
+)
+
+// CatalogConfig wires the catalog router.
+type CatalogConfig struct {
+	// Brokers are the Kafka bootstrap servers.
+	Brokers []string
+	// Enabled is the feature flag catalog.promotions.enabled: when false the
+	// router subscribes to nothing and the topic keeps the events.
+	Enabled bool
+	// Topic is the purchase-changed topic. Defaults to event.Topic.
+	Topic string
+	// ReplayTopic is where DLQ replays arrive. Defaults to ReplayTopicDefault.
+	ReplayTopic string
+	// DLQTopic is the dead-letter topic. Defaults to middleware.DLQTopicDefault.
+	DLQTopic string
+	// ConsumerGroup defaults to CatalogConsumerGroup.
+	ConsumerGroup string
+	// RetryInitial and RetryMax bound the infrastructure backoff. Default 1s and 60s.
+	RetryInitial, RetryMax time.Duration
+}
+
+func (c *CatalogConfig) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.ReplayTopic = cmp.Or(c.ReplayTopic, ReplayTopicDefault)
+	c.DLQTopic = cmp.Or(c.DLQTopic, middleware.DLQTopicDefault)
+	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
+	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
+	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
+}
+
+// Validate reports every missing setting.
+func (c CatalogConfig) Validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("kafka brokers are required")
+	}
+	return nil
+}
+
+// Catalog is the catalog context's single Watermill router: the Promotion
+// Boost consumer on the purchase-changed topic and on the replay topic.
+type Catalog struct {
+	Router *message.Router
+	// Chain is the consumer chain without the poison queue, for the rebuild.
+	Chain   message.HandlerFunc
+	closers []func() error
+	enabled bool
+}
+
+// NewCatalog builds the router. The chain, outermost first:
+// poison queue → retry → contract version → unit of work → dedup → handler.
+func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (*Catalog, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r, wlog, err := newRouter(log)
+	if err != nil {
+		return nil, err
+	}
+	c := &Catalog{Router: r, enabled: cfg.Enabled}
+
+	inner, err := innerChain(db, m, log, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.Chain = chain(consume(m, log), inner...)
+	if !cfg.Enabled {
+		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
+		return c, nil
+	}
+
+	dlq, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               cfg.Brokers,
+		Marshaler:             kafka.NewWithPartitioningMarshaler(middleware.DLQPartitionKey),
+		OverwriteSaramaConfig: DurableProducerConfig("promoflow-catalog-dlq"),
+	}, wlog)
+	if err != nil {
+		return nil, fmt.Errorf("dlq publisher: %w", err)
+	}
+	c.closers = append(c.closers, dlq.Close)
+	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{
+		Topic: cfg.DLQTopic, Logger: log,
+		OnDeadLetter: func(*message.Message, *middleware.Permanent) { m.DLQ.Inc() },
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// The replay topic has a group of its own, so that its rebalances never
+	// pause the main topic.
+	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + "-replay"} {
+		sub, err := NewConsumerGroupSubscriber(cfg.Brokers, group, wlog)
+		if err != nil {
+			return nil, err
+		}
+		h := r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, consume(m, log))
+		h.AddMiddleware(append([]message.HandlerMiddleware{poison}, inner...)...)
+	}
+	return c, nil
+}
+
+// innerChain is retry → contract version → unit of work → dedup.
+func innerChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) ([]message.HandlerMiddleware, error) {
+	retry, err := middleware.Retry(middleware.RetryConfig{
+		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
+		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
+		OnRetry: func(*message.Message, string, int, time.Duration, error) { m.Retries.Inc() },
+	})
+	if err != nil {
+		return nil, err
+	}
+	dedup, err := middleware.Dedup(middleware.DedupConfig{
+		Logger:      log,
+		OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues("duplicate").Inc() },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []message.HandlerMiddleware{
+		retry,
+		middleware.ContractVersion(event.ContractVersion, m.ContractMismatch, log),
+		middleware.UnitOfWork(db),
+		dedup,
+	}, nil
+}
+
+// chain applies middlewares to h, the first outermost, as the router does.
+func chain(h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) message.HandlerFunc {
+	out := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+	for i := len(mws) - 1; i >= 0; i-- {
+		out = mws[i](out)
+	}
+	return out
+}
+
+// NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
+// starts from the earliest offset when the group has none.
+func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermill.LoggerAdapter) (*kafka.Subscriber, error) {
+	sc := sarama.NewConfig()
+	sc.ClientID = "promoflow-" + group
+	sc.Version = KafkaVersion
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
+	}, wlog)
+	if err != nil {
+		return nil, fmt.Errorf("kafka subscriber %s: %w", group, err)
+	}
+	return sub, nil
+}
+
+// Ready reports whether the consumer runs (or is switched off by the flag).
+func (c *Catalog) Ready() bool { return !c.enabled || c.Router.IsRunning() }
+
+// Run runs the router until ctx is cancelled. With the flag off there is
+// nothing to run: it waits for ctx.
+func (c *Catalog) Run(ctx context.Context) error {
+	if !c.enabled {
+		<-ctx.Done()
+		return nil
+	}
+	err := c.Router.Run(ctx)
+	for _, closer := range c.closers {
+		err = errors.Join(err, closer())
+	}
+	return err
+}

@@ -1,0 +1,54 @@
+package router
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+)
+
+// consume adapts one purchase-changed message to boost.Apply inside the unit
+// of work's transaction. A payload that breaks the contract returns its
+// *event.ContractError, which the retry middleware makes permanent (DLQ).
+func consume(m *CatalogMetrics, log *slog.Logger) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		start := time.Now()
+		ctx := msg.Context()
+		ev, err := event.Parse(msg.Payload)
+		if err != nil {
+			return err
+		}
+		out, err := boost.Apply(ctx, middleware.Tx(ctx), ev)
+		if err != nil {
+			return err
+		}
+		fields := []any{"MessageId", msg.UUID, "PurchaseId", ev.PurchaseId, "Version", ev.Version,
+			"Status", ev.Status, "correlation_id", msg.Metadata.Get(event.HeaderCorrelationID)}
+		switch {
+		case out.PostOnly:
+			m.Consumed.WithLabelValues("post_only").Inc()
+			log.Info("skipped-post-only", fields...)
+		case out.Stale:
+			m.Stale.Inc()
+			m.Consumed.WithLabelValues("stale").Inc()
+			log.Info("skipped-stale", fields...)
+		default:
+			m.Consumed.WithLabelValues("applied").Inc()
+			m.CardsRecomputed.Add(float64(out.CardsRecomputed))
+			log.Info("consumed", append(fields, "contributions", out.Contributions)...)
+			if out.CardsRecomputed > 0 {
+				log.Info("recomputed", append(fields, "cardsAffected", out.CardsRecomputed)...)
+			}
+		}
+		if ts, ok := kafka.MessageTimestampFromCtx(ctx); ok {
+			m.Lag.Set(time.Since(ts).Seconds())
+		}
+		m.ConsumeDuration.Observe(float64(time.Since(start).Microseconds()) / 1000)
+		return nil
+	}
+}
