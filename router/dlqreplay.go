@@ -132,10 +132,12 @@ func ReplayDLQ(ctx context.Context, cfg DLQReplayConfig, log *slog.Logger) (DLQR
 	stopProgress := st.reportProgress(ctx)
 	defer stopProgress()
 
+	run := st.forward
 	if cfg.DryRun {
-		return st.result(), st.dryRun(ctx)
+		run = st.dryRun
 	}
-	return st.result(), st.forward(ctx)
+	err = run(ctx)
+	return st.result(), err
 }
 
 // replayState tracks progress across partitions.
@@ -148,6 +150,9 @@ type replayState struct {
 	read, matched, forwarded atomic.Int64
 	mu                       sync.Mutex
 	res                      DLQReplayResult
+	// acked is, per partition, the offset after the last record acked.
+	acked    map[int32]int64
+	stopping sync.Once
 }
 
 // partitionTodo maps partition → [from, end) still to replay.
@@ -211,12 +216,62 @@ func (s *replayState) remaining() (partitionTodo, error) {
 func (s *replayState) seen(partition int32, offset int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.acked == nil {
+		s.acked = map[int32]int64{}
+	}
+	s.acked[partition] = offset + 1
 	if r, ok := s.todo[partition]; ok && offset >= r[1]-1 {
 		delete(s.todo, partition)
 	}
 	if len(s.todo) == 0 {
-		s.done()
+		go s.stop()
 	}
+}
+
+// stop ends the replay once the group has committed every acked record, so
+// that the next run resumes exactly after them. Kafka commits acks in the
+// background; this waits for that (up to 15s) instead of racing it.
+func (s *replayState) stop() {
+	s.stopping.Do(func() {
+		deadline := time.Now().Add(15 * time.Second)
+		for !s.committed() && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		s.done()
+	})
+}
+
+func (s *replayState) committed() bool {
+	s.mu.Lock()
+	want := make(map[int32]int64, len(s.acked))
+	for p, off := range s.acked {
+		want[p] = off
+	}
+	s.mu.Unlock()
+	if len(want) == 0 {
+		return true
+	}
+	cfg := sarama.NewConfig()
+	cfg.Version = KafkaVersion
+	admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, cfg)
+	if err != nil {
+		return false
+	}
+	defer admin.Close()
+	parts := make([]int32, 0, len(want))
+	for p := range want {
+		parts = append(parts, p)
+	}
+	got, err := admin.ListConsumerGroupOffsets(s.cfg.Group, map[string][]int32{s.cfg.DLQTopic: parts})
+	if err != nil {
+		return false
+	}
+	for p, off := range want {
+		if b := got.GetBlock(s.cfg.DLQTopic, p); b == nil || b.Offset < off {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *replayState) capReached() bool {
@@ -348,7 +403,10 @@ func (d *dlqSource) handle(ctx context.Context, msg *message.Message, out chan<-
 		return true
 	}
 	if s.capReached() {
-		s.done()
+		// Leave this record unacked for the next run, and keep the
+		// subscription open until the acked ones are committed.
+		go s.stop()
+		<-ctx.Done()
 		return false
 	}
 	if err := d.pace.wait(ctx); err != nil {
@@ -371,7 +429,7 @@ func (d *dlqSource) handle(ctx context.Context, msg *message.Message, out chan<-
 		msg.Ack()
 		s.seen(partition, offset)
 		if s.capReached() {
-			s.done()
+			go s.stop()
 		}
 	case <-env.Nacked():
 		s.matched.Add(-1)

@@ -7,39 +7,56 @@ import (
 	"github.com/lib/pq"
 )
 
-// lockSQL takes transaction-scoped advisory locks, in one global order: the
-// purchases ($1), then the project cards ($2), then the property-object cards
-// ($3, plus the published objects of the projects in $4), each group sorted
-// by its 64-bit key. Every writer of a card's boost (Apply and the card
-// upserts) takes its locks in this order, so two of them never deadlock, and
-// the one that waits reads the other's committed rows afterwards (READ
-// COMMITTED takes a new snapshot per statement).
+// Lock names, hashed to 64-bit advisory-lock keys. The catalog prefix keeps
+// them apart from the advisory locks of other components.
+const (
+	purchaseLock = "catalog:purchase:"
+	projectLock  = "catalog:card:Project:"
+	objectLock   = "catalog:card:PropertyObject:"
+)
+
+// Lock groups, taken in this order. lockSQL spells groupObject as 2.
+const (
+	groupPurchase = iota
+	groupProject
+	groupObject
+)
+
+// lockSQL takes transaction-scoped advisory locks in one global order: the
+// purchases, then the project cards, then the property-object cards (the
+// given ones plus the published objects of the projects in $3), each group
+// sorted by its 64-bit key. Every writer of a card's boost (Apply and the card
+// upserts) takes its locks this way, so two of them never deadlock, and the
+// one that waited reads the other's committed rows afterwards (READ COMMITTED
+// takes a new snapshot per statement).
 //
-// The keys are hashed from a catalog-only prefix so that they do not meet the
-// advisory locks of other components. ORDER BY applies before the volatile
-// lock function is evaluated (PostgreSQL >= 9.6 postpones volatile output
-// expressions past the sort), so the locks are taken in key order.
+// ORDER BY applies before the volatile lock function is evaluated
+// (PostgreSQL >= 9.6 postpones volatile output expressions past the sort).
+// A key listed twice is simply taken twice: advisory locks are re-entrant.
 const lockSQL = `SELECT pg_advisory_xact_lock(k) FROM (
-	SELECT 0 AS g, hashtextextended('catalog:purchase:' || id::text, 0) AS k
-	FROM unnest($1::uuid[]) AS id
-	UNION
-	SELECT 1, hashtextextended('catalog:card:Project:' || id::text, 0)
-	FROM unnest($2::uuid[]) AS id
-	UNION
-	SELECT 2, hashtextextended('catalog:card:PropertyObject:' || id::text, 0)
-	FROM unnest($3::uuid[]) AS id
-	UNION
-	SELECT 2, hashtextextended('catalog:card:PropertyObject:' || id::text, 0)
-	FROM catalog.property_object_cards WHERE published AND project_id = ANY($4::uuid[])
+	SELECT g, hashtextextended(name, 0) AS k FROM unnest($1::integer[], $2::text[]) AS u(g, name)
+	UNION ALL
+	SELECT 2, hashtextextended('` + objectLock + `' || id::text, 0)
+	FROM catalog.property_object_cards WHERE published AND project_id = ANY($3::uuid[])
 ) keys ORDER BY g, k`
 
 // lock takes the advisory locks of the given purchases, project cards,
-// property-object cards and published objects of cascadeProjects (ids as
-// text). The published objects are read by this statement, so the caller
-// must already hold the locks of cascadeProjects.
+// property-object cards and published objects of cascadeProjects (ids in
+// uuid.UUID.String form, as PostgreSQL prints them). The published objects
+// are read by this statement, so the caller must already hold the locks of
+// cascadeProjects.
 func lock(ctx context.Context, tx *sqlx.Tx, purchases, projects, objects, cascadeProjects []string) error {
-	_, err := tx.ExecContext(ctx, lockSQL,
-		pq.Array(purchases), pq.Array(projects), pq.Array(objects), pq.Array(cascadeProjects))
+	n := len(purchases) + len(projects) + len(objects)
+	groups, names := make([]int64, 0, n), make([]string, 0, n)
+	add := func(group int64, prefix string, ids []string) {
+		for _, id := range ids {
+			groups, names = append(groups, group), append(names, prefix+id)
+		}
+	}
+	add(groupPurchase, purchaseLock, purchases)
+	add(groupProject, projectLock, projects)
+	add(groupObject, objectLock, objects)
+	_, err := tx.ExecContext(ctx, lockSQL, pq.Array(groups), pq.Array(names), pq.Array(cascadeProjects))
 	if err != nil {
 		return wrap("take advisory locks", err)
 	}
