@@ -16,6 +16,7 @@ import (
 const usage = `promoflow: promotion expiry and promotion boost pipeline.
 
 Usage:
+  promoflow dev [flags]          run both contexts in one process (embedded Kafka without $KAFKA_BROKERS)
   promoflow promotion [flags]    run the promotion context (purchase API, expirer, outbox relay)
   promoflow catalog [flags]      run the catalog context (Promotion Boost consumer, card feed, rebuild)
   promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer
@@ -47,6 +48,8 @@ func run(ctx context.Context, args []string) error {
 	switch cmd {
 	case "promotion":
 		return runPromotion(ctx, rest)
+	case "dev":
+		return runDev(ctx, rest)
 	case "catalog":
 		return runCatalog(ctx, rest)
 	case "dlq-replay":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -62,7 +63,10 @@ func runPromotion(ctx context.Context, args []string) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	log := newLogger(cfg.LogLevel, "promotion")
+	return startPromotion(ctx, cfg, newLogger(cfg.LogLevel, "promotion"))
+}
+
+func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {
 	tokens, _ := api.ParseTokens(cfg.APITokens)
 	if len(tokens) == 0 {
 		log.Warn("no API tokens configured: every purchase API call answers 401")

@@ -92,3 +92,10 @@ func splitList(s string) []string {
 	}
 	return out
 }
+
+// flagGiven reports whether the flag was on the command line.
+func flagGiven(s *settings, name string) bool {
+	given := false
+	s.fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}

@@ -97,7 +97,9 @@ func TestCatalog_DeterministicReplayAfterRebuild(t *testing.T) {
 	require.NotEmpty(t, before)
 }
 
-func cardBoosts(t *testing.T, b *catalogBundle) map[uuid.UUID]int {
+func cardBoosts(t *testing.T, b *catalogBundle) map[uuid.UUID]int { return cardBoostsTB(t, b) }
+
+func cardBoostsTB(t testing.TB, b *catalogBundle) map[uuid.UUID]int {
 	var rows []struct {
 		ID    uuid.UUID `db:"id"`
 		Boost int       `db:"promotion_boost"`

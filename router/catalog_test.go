@@ -32,6 +32,11 @@ type catalogBundle struct {
 func setupCatalog(t *testing.T, enabled bool) *catalogBundle {
 	t.Helper()
 	t.Parallel()
+	return newCatalogBundle(t, enabled)
+}
+
+func newCatalogBundle(t testing.TB, enabled bool) *catalogBundle {
+	t.Helper()
 	b := &catalogBundle{
 		db: testenv.DB(t),
 		cfg: router.CatalogConfig{
@@ -52,7 +57,7 @@ func setupCatalog(t *testing.T, enabled bool) *catalogBundle {
 }
 
 // start runs the catalog router until the test ends.
-func (b *catalogBundle) start(t *testing.T) {
+func (b *catalogBundle) start(t testing.TB) {
 	t.Helper()
 	m, err := router.NewCatalogMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
@@ -65,7 +70,7 @@ func (b *catalogBundle) start(t *testing.T) {
 
 // produce publishes ev to the purchase-changed topic as the relay would and
 // returns its message.
-func (b *catalogBundle) produce(t *testing.T, ev event.PurchaseChanged) *message.Message {
+func (b *catalogBundle) produce(t testing.TB, ev event.PurchaseChanged) *message.Message {
 	t.Helper()
 	msg, err := event.NewMessage(ev, "test", time.Now())
 	require.NoError(t, err)
@@ -73,7 +78,7 @@ func (b *catalogBundle) produce(t *testing.T, ev event.PurchaseChanged) *message
 	return msg
 }
 
-func (b *catalogBundle) projectCard(t *testing.T, id uuid.UUID) {
+func (b *catalogBundle) projectCard(t testing.TB, id uuid.UUID) {
 	t.Helper()
 	tx := b.db.MustBegin()
 	price := "1000000"
@@ -82,7 +87,7 @@ func (b *catalogBundle) projectCard(t *testing.T, id uuid.UUID) {
 	require.NoError(t, tx.Commit())
 }
 
-func (b *catalogBundle) objectCard(t *testing.T, id, project uuid.UUID, published bool) {
+func (b *catalogBundle) objectCard(t testing.TB, id, project uuid.UUID, published bool) {
 	t.Helper()
 	tx := b.db.MustBegin()
 	price := "250000"
@@ -103,7 +108,7 @@ func (b *catalogBundle) boostOf(kind event.TargetKind, id uuid.UUID) int {
 	return n
 }
 
-func (b *catalogBundle) waitBoost(t *testing.T, kind event.TargetKind, id uuid.UUID, want int) {
+func (b *catalogBundle) waitBoost(t testing.TB, kind event.TargetKind, id uuid.UUID, want int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return b.boostOf(kind, id) == want }, 30*time.Second, 10*time.Millisecond,
 		"%s %s: want boost %d, have %d", kind, id, want, b.boostOf(kind, id))
@@ -112,13 +117,18 @@ func (b *catalogBundle) waitBoost(t *testing.T, kind event.TargetKind, id uuid.U
 // waitConsumed waits until n events were handled (any outcome).
 func (b *catalogBundle) waitConsumed(t *testing.T, n float64) {
 	t.Helper()
+	b.waitConsumedTB(t, n, 30*time.Second)
+}
+
+func (b *catalogBundle) waitConsumedTB(t testing.TB, n float64, timeout time.Duration) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		var sum float64
 		for _, o := range []string{"applied", "stale", "duplicate", "post_only"} {
 			sum += testutil.ToFloat64(b.metrics.Consumed.WithLabelValues(o))
 		}
 		return sum >= n
-	}, 30*time.Second, 10*time.Millisecond)
+	}, timeout, 10*time.Millisecond)
 }
 
 func purchaseEvent(status event.Status, version int64, weight int, targets ...event.Target) event.PurchaseChanged {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local PostgreSQL + Kafka for promoflow's tests, without Docker.
 #
-#   scripts/stack.sh up       start what is not running yet (idempotent); the last
+#   scripts/stack.sh up [postgres|kafka]...
+#                             start what is not running yet (idempotent); the last
 #                             lines on stdout are the export lines, so callers can
 #                             eval "$(scripts/stack.sh up)"
 #   scripts/stack.sh env      print only the export lines
@@ -61,9 +62,27 @@ pid_alive() {
 	[[ -n $state && $state != Z ]]
 }
 
+# env_lines [pg] [kafka]: the export lines of the named services (default both).
 env_lines() {
-	echo "export DATABASE_URL=postgres://postgres@$HOST:$PG_PORT/postgres?sslmode=disable"
-	echo "export KAFKA_BROKERS=$HOST:$KAFKA_PORT"
+	local pg=${1:-1} kafka=${2:-1}
+	if ((pg)); then echo "export DATABASE_URL=postgres://postgres@$HOST:$PG_PORT/postgres?sslmode=disable"; fi
+	if ((kafka)); then echo "export KAFKA_BROKERS=$HOST:$KAFKA_PORT"; fi
+}
+
+# services "$@" sets want_pg and want_kafka from service names (none: both).
+services() {
+	want_pg=1 want_kafka=1
+	if (($#)); then
+		want_pg=0 want_kafka=0
+		local s
+		for s in "$@"; do
+			case $s in
+			postgres | postgresql) want_pg=1 ;;
+			kafka) want_kafka=1 ;;
+			*) die "unknown service: $s (postgres or kafka)" ;;
+			esac
+		done
+	fi
 }
 
 # True if something accepts TCP connections on 127.0.0.1:$1.
@@ -427,26 +446,18 @@ kafka_down() {
 # ------------------------------------------------------------------ commands
 
 cmd_up() {
-	local t0=$SECONDS
+	local t0=$SECONDS want_pg want_kafka
+	services "$@"
 	take_lock
-	pg_up
-	kafka_up
+	if ((want_pg)); then pg_up; fi
+	if ((want_kafka)); then kafka_up; fi
 	log "stack up in $((SECONDS - t0))s (state: $STATE_DIR)"
-	env_lines
+	env_lines "$want_pg" "$want_kafka"
 }
 
 cmd_down() {
-	local want_pg=1 want_kafka=1 s
-	if (($#)); then
-		want_pg=0 want_kafka=0
-		for s in "$@"; do
-			case $s in
-			postgres | postgresql) want_pg=1 ;;
-			kafka) want_kafka=1 ;;
-			*) die "unknown service: $s (postgres or kafka)" ;;
-			esac
-		done
-	fi
+	local want_pg want_kafka
+	services "$@"
 	take_lock
 	if ((want_kafka)); then kafka_down; fi
 	if ((want_pg)); then pg_down; fi
@@ -475,12 +486,12 @@ cmd_status() {
 }
 
 case ${1:-} in
-up) cmd_up ;;
+up) cmd_up "${@:2}" ;;
 down) cmd_down "${@:2}" ;;
 env) env_lines ;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up|down [postgres|kafka]...|env|status}" >&2
+	echo "usage: $0 {up [postgres|kafka]...|down [postgres|kafka]...|env|status}" >&2
 	exit 2
 	;;
 esac

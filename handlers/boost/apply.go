@@ -149,67 +149,48 @@ func upsertContributions(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChan
 // property-object cards in objects or published under projects, writing only
 // the cards whose value changed, and returns how many it wrote. It must run
 // after the locks: its snapshot then holds every committed contribution.
-//
-// It is the set-based form of projectBoost and objectBoost: each target's sum
-// is read once, however many cards share it (a project's sum feeds all of its
-// published objects).
 func recompute(ctx context.Context, tx *sqlx.Tx, projects, objects []string) (int, error) {
 	var n int
-	err := tx.GetContext(ctx, &n, recomputeSQL,
-		pq.Array(projects), pq.Array(objects))
+	err := tx.GetContext(ctx, &n, recomputeSQL, pq.Array(projects), pq.Array(objects))
 	if err != nil {
 		return 0, wrap("recompute cards", err)
 	}
 	return n, nil
 }
 
+// recomputeSQL is the set-based form of projectBoost and objectBoost for
+// project ids $1 and property-object ids $2: each target's sum is read once,
+// however many cards share it (a project's sum feeds all of its published
+// objects).
 const recomputeSQL = `WITH objs AS (
-			SELECT id, project_id, published FROM catalog.property_object_cards
-			WHERE id = ANY($2::uuid[]) OR (published AND project_id = ANY($1::uuid[]))
-		), sums AS (
-			SELECT c.target_kind, c.target_id, sum(c.boost_weight)::integer AS boost
-			FROM catalog.promotion_contributions c
-			JOIN (SELECT 'Project' AS kind, id FROM unnest($1::uuid[]) AS id
-				UNION SELECT 'Project', project_id FROM objs WHERE published
-				UNION SELECT 'PropertyObject', id FROM objs) t
-				ON c.target_kind = t.kind AND c.target_id = t.id
-			WHERE c.active
-			GROUP BY c.target_kind, c.target_id
-		), projects AS (
-			UPDATE catalog.project_cards p SET promotion_boost = coalesce(s.boost, 0), updated_at = now()
-			FROM unnest($1::uuid[]) AS t(id)
-			LEFT JOIN sums s ON s.target_kind = 'Project' AND s.target_id = t.id
-			WHERE p.id = t.id AND p.promotion_boost <> coalesce(s.boost, 0)
-			RETURNING 1
-		), objects AS (
-			UPDATE catalog.property_object_cards o SET promotion_boost = b.boost, updated_at = now()
-			FROM (SELECT objs.id,
-					coalesce(own.boost, 0) + CASE WHEN objs.published THEN coalesce(project.boost, 0) ELSE 0 END AS boost
-				FROM objs
-				LEFT JOIN sums own ON own.target_kind = 'PropertyObject' AND own.target_id = objs.id
-				LEFT JOIN sums project ON project.target_kind = 'Project' AND project.target_id = objs.project_id) b
-			WHERE o.id = b.id AND o.promotion_boost <> b.boost
-			RETURNING 1
-		)
-		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`
-
-// sumOf is the SQL sum of the active contributions of one target.
-func sumOf(kind event.TargetKind, id string) string {
-	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
-		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
-}
-
-// projectBoost is the SQL boost of the project card with the given id.
-func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
-
-// objectBoost is the SQL boost of a property-object card. The project part
-// counts only while the card is published, so that the value is a function of
-// the replica and the card alone: the cascade never reaches an unpublished
-// card, and a replay after a rebuild must reproduce every card.
-func objectBoost(id, projectID, published string) string {
-	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
-		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
-}
+	SELECT id, project_id, published FROM catalog.property_object_cards
+	WHERE id = ANY($2::uuid[]) OR (published AND project_id = ANY($1::uuid[]))
+), sums AS (
+	SELECT c.target_kind, c.target_id, sum(c.boost_weight)::integer AS boost
+	FROM catalog.promotion_contributions c
+	JOIN (SELECT 'Project' AS kind, id FROM unnest($1::uuid[]) AS id
+		UNION SELECT 'Project', project_id FROM objs WHERE published
+		UNION SELECT 'PropertyObject', id FROM objs) t
+		ON c.target_kind = t.kind AND c.target_id = t.id
+	WHERE c.active
+	GROUP BY c.target_kind, c.target_id
+), projects AS (
+	UPDATE catalog.project_cards p SET promotion_boost = coalesce(s.boost, 0), updated_at = now()
+	FROM unnest($1::uuid[]) AS t(id)
+	LEFT JOIN sums s ON s.target_kind = 'Project' AND s.target_id = t.id
+	WHERE p.id = t.id AND p.promotion_boost <> coalesce(s.boost, 0)
+	RETURNING 1
+), objects AS (
+	UPDATE catalog.property_object_cards o SET promotion_boost = b.boost, updated_at = now()
+	FROM (SELECT objs.id,
+			coalesce(own.boost, 0) + CASE WHEN objs.published THEN coalesce(project.boost, 0) ELSE 0 END AS boost
+		FROM objs
+		LEFT JOIN sums own ON own.target_kind = 'PropertyObject' AND own.target_id = objs.id
+		LEFT JOIN sums project ON project.target_kind = 'Project' AND project.target_id = objs.project_id) b
+	WHERE o.id = b.id AND o.promotion_boost <> b.boost
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`
 
 // wrap adds context to a database error and classifies serialization
 // failures and deadlocks as ErrConflict.

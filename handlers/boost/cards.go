@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/event"
 )
 
 // ErrNotFound is returned by the getters for a card that does not exist.
@@ -106,6 +108,24 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 		return wrap("upsert property object card", err)
 	}
 	return nil
+}
+
+// sumOf is the SQL sum of the active contributions of one target.
+func sumOf(kind event.TargetKind, id string) string {
+	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
+		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
+}
+
+// projectBoost is the SQL boost of the project card with the given id.
+func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
+
+// objectBoost is the SQL boost of a property-object card. The project part
+// counts only while the card is published, so that the value is a function of
+// the replica and the card alone: the cascade never reaches an unpublished
+// card, and a replay after a rebuild must reproduce every card.
+func objectBoost(id, projectID, published string) string {
+	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
+		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
 }
 
 // GetProjectCard reads one project card; ErrNotFound when there is none.

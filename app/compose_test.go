@@ -1,0 +1,104 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/api"
+	"go.yaml.in/yaml/v3"
+)
+
+// compose.yaml cannot be run on machines without Docker; this test checks it
+// statically against the product: commands, settings, files and ports.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Build       map[string]string `yaml:"build"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Ports       []string          `yaml:"ports"`
+		Volumes     []string          `yaml:"volumes"`
+		DependsOn   yaml.Node         `yaml:"depends_on"`
+	} `yaml:"services"`
+}
+
+func loadCompose(t *testing.T) composeFile {
+	raw, err := os.ReadFile("../compose.yaml")
+	require.NoError(t, err)
+	var c composeFile
+	require.NoError(t, yaml.Unmarshal(raw, &c))
+	return c
+}
+
+func knownEnv(register func(*settings)) map[string]bool {
+	s := newSettings("x", "")
+	register(s)
+	out := map[string]bool{}
+	for _, env := range s.envs {
+		out[env] = true
+	}
+	return out
+}
+
+func TestCompose_DescribesTheWholeStack(t *testing.T) {
+	c := loadCompose(t)
+	for _, name := range []string{"postgres", "kafka", "promotion", "catalog", "prometheus", "grafana"} {
+		require.Contains(t, c.Services, name)
+	}
+	kafka := c.Services["kafka"]
+	require.True(t, strings.HasPrefix(kafka.Image, "apache/kafka:4."), "Apache Kafka 4.x")
+	require.Equal(t, "broker,controller", kafka.Environment["KAFKA_PROCESS_ROLES"], "KRaft, one node")
+	for k, v := range kafka.Environment {
+		if strings.HasSuffix(k, "REPLICATION_FACTOR") || strings.HasSuffix(k, "MIN_ISR") {
+			require.Equal(t, "1", v, k)
+		}
+	}
+}
+
+func TestCompose_ProcessesUseKnownCommandsAndSettings(t *testing.T) {
+	c := loadCompose(t)
+	envs := map[string]map[string]bool{
+		"promotion": knownEnv(func(s *settings) { (&promotionConfig{}).register(s) }),
+		"catalog":   knownEnv(func(s *settings) { (&catalogConfig{}).register(s) }),
+	}
+	for name, known := range envs {
+		svc := c.Services[name]
+		require.Equal(t, []string{name}, svc.Command)
+		require.FileExists(t, filepath.Join("..", svc.Build["context"], svc.Build["dockerfile"]))
+		for k := range svc.Environment {
+			require.True(t, known[k], "%s: %s is not a setting of promoflow %s", name, k, name)
+		}
+		require.Contains(t, svc.Environment["DATABASE_URL"], "@postgres:5432/")
+		require.Equal(t, "kafka:9092", svc.Environment["KAFKA_BROKERS"])
+		port := strings.TrimPrefix(svc.Environment["HTTP_ADDR"], ":")
+		require.Contains(t, svc.Ports, port+":"+port)
+	}
+	_, err := parseTokensEnv(c.Services["promotion"].Environment["PROMOTION_API_TOKENS"])
+	require.NoError(t, err)
+}
+
+func TestCompose_MountedFilesExistAndPrometheusScrapesBothProcesses(t *testing.T) {
+	c := loadCompose(t)
+	for name, svc := range c.Services {
+		for _, v := range svc.Volumes {
+			src, _, _ := strings.Cut(v, ":")
+			if strings.HasPrefix(src, "./") {
+				_, err := os.Stat(filepath.Join("..", src))
+				require.NoError(t, err, "%s mounts %s", name, src)
+			}
+		}
+	}
+	raw, err := os.ReadFile("../deploy/prometheus/prometheus.yml")
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"promotion:8080"`)
+	require.Contains(t, string(raw), `"catalog:8081"`)
+}
+
+func parseTokensEnv(s string) (int, error) {
+	tokens, err := api.ParseTokens(s)
+	return len(tokens), err
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+func TestRun_UnknownCommandIsAClearError(t *testing.T) {
+	err := run(context.Background(), []string{"frobnicate"})
+	require.ErrorContains(t, err, `unknown command "frobnicate"`)
+	require.ErrorContains(t, run(context.Background(), nil), "a command is required")
+}
+
+func TestSettings_EnvironmentFillsUnsetFlagsAndBadValuesAreNamed(t *testing.T) {
+	t.Setenv("EXPIRE_INTERVAL", "90s")
+	t.Setenv("EXPIRE_BATCH_SIZE", "lots")
+	var cfg promotionConfig
+	s := newSettings("promotion", "")
+	cfg.register(s)
+	err := s.parse([]string{"--expire-interval", "2m"})
+	require.ErrorContains(t, err, `$EXPIRE_BATCH_SIZE="lots"`)
+	require.Equal(t, 2*time.Minute, cfg.ExpireInterval, "a flag wins over the environment")
+
+	t.Setenv("EXPIRE_BATCH_SIZE", "50")
+	cfg = promotionConfig{}
+	s = newSettings("promotion", "")
+	cfg.register(s)
+	require.NoError(t, s.parse(nil))
+	require.Equal(t, 90*time.Second, cfg.ExpireInterval)
+	require.Equal(t, 50, cfg.ExpireBatchSize)
+}
+
+func TestPromotionCommand_RejectsMissingAndBadSettings(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("KAFKA_BROKERS", "")
+	err := runPromotion(context.Background(), []string{"--api-tokens", "nope"})
+	require.ErrorContains(t, err, "database URL is required")
+	require.ErrorContains(t, err, "kafka brokers are required")
+	require.ErrorContains(t, err, "want token=tenant-uuid")
+}
+
+func TestPromotionCommand_HelpListsEverySettingWithItsVariable(t *testing.T) {
+	var cfg promotionConfig
+	s := newSettings("promotion", "")
+	cfg.register(s)
+	var out bytes.Buffer
+	s.fs.SetOutput(&out)
+	s.fs.Usage()
+	for _, env := range []string{"DATABASE_URL", "KAFKA_BROKERS", "EXPIRE_INTERVAL", "EXPIRE_BATCH_SIZE", "PROMOTION_API_TOKENS"} {
+		require.Contains(t, out.String(), "$"+env)
+	}
+}
+
+// TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired runs the
+// promotion process against the real stack: a purchase made through the API
+// with EndsAt two seconds ahead reaches the topic as Active, then as Expired.
+func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.DatabaseURL(t)
+	topic := "pf-test-" + testenv.RandomSuffix()
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runPromotion(ctx, []string{"--database-url", dbURL, "--kafka-brokers", strings.Join(testenv.Brokers(t), ","),
+			"--http-addr", addr, "--topic", topic, "--topic-partitions", "2", "--expire-interval", "500ms",
+			"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--log-level", "warn"})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done, "graceful stop")
+	})
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond)
+
+	body, _ := json.Marshal(map[string]any{"PackageKind": "Top", "BoostWeight": 5,
+		"Targets": []map[string]string{{"TargetKind": "Project", "TargetId": "11111111-2222-4333-8444-555555555555"}},
+		"EndsAt":  time.Now().Add(2 * time.Second).UTC().Format(time.RFC3339Nano)})
+	req, _ := http.NewRequest("POST", "http://"+addr+"/promotions", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer t1")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var created struct{ Id string }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&created))
+	resp.Body.Close()
+
+	msgs := testenv.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
+	var statuses []event.Status
+	for _, m := range msgs {
+		require.Equal(t, created.Id, string(m.Key))
+		ev, err := event.Parse(m.Value)
+		require.NoError(t, err)
+		statuses = append(statuses, ev.Status)
+	}
+	require.Equal(t, []event.Status{event.StatusActive, event.StatusExpired}, statuses)
+
+	metrics, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer metrics.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(metrics.Body)
+	for _, name := range []string{"promotion_expire_run_total", "promotion_expire_cycle_duration_seconds", "promotion_expire_items_total",
+		"promotion_expire_backlog", "promotion_expire_skip_locked_total", "promotion_expire_errors_total",
+		"promotion_outbox_backlog", "promotion_outbox_lag_seconds"} {
+		require.Contains(t, buf.String(), name)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return fmt.Sprintf("127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port)
+}

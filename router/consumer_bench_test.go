@@ -1,0 +1,121 @@
+package router_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// consumerEvents is how many events each side of the benchmark applies.
+const consumerEvents = 3_000
+
+// BenchmarkConsumer measures the Promotion Boost consumer end to end (Kafka
+// topic of 6 partitions → chain → PostgreSQL) against a raw baseline that
+// applies the same writes (dedup key, contributions, card recompute) straight
+// to PostgreSQL, one transaction per event, with as many workers as there are
+// partitions. Reports events/s of both and their ratio (target >= 0.5).
+func BenchmarkConsumer(b *testing.B) {
+	var rawSecs, consumerSecs float64
+	for range b.N {
+		raw := newConsumerBench(b)
+		start := time.Now()
+		raw.applyRaw(b, 6)
+		rawSecs += time.Since(start).Seconds()
+
+		kc := newConsumerBench(b)
+		for i := 0; i < len(kc.msgs); i += 500 {
+			require.NoError(b, kc.c.pub.Publish(kc.c.cfg.Topic, kc.msgs[i:min(i+500, len(kc.msgs))]...))
+		}
+		start = time.Now()
+		kc.c.start(b)
+		kc.c.waitConsumedTB(b, consumerEvents, 5*time.Minute)
+		consumerSecs += time.Since(start).Seconds()
+		require.Equal(b, cardBoostsTB(b, raw.c), rebased(cardBoostsTB(b, kc.c), kc.ids, raw.ids), "both sides end in the same state")
+	}
+	rawRate := float64(consumerEvents*b.N) / rawSecs
+	consumerRate := float64(consumerEvents*b.N) / consumerSecs
+	b.ReportMetric(rawRate, "raw-events/s")
+	b.ReportMetric(consumerRate, "consumer-events/s")
+	b.ReportMetric(consumerRate/rawRate, "ratio")
+}
+
+type consumerBench struct {
+	c    *catalogBundle
+	evs  []event.PurchaseChanged
+	msgs []*message.Message
+	ids  []uuid.UUID // cards in creation order
+}
+
+// newConsumerBench makes a database with 50 projects of 20 published objects
+// and a history of events over them (activations, then some expiries).
+func newConsumerBench(b *testing.B) *consumerBench {
+	cb := &consumerBench{c: newCatalogBundle(b, true)}
+	var objects [][2]uuid.UUID
+	for range 50 {
+		p := uuid.New()
+		cb.c.projectCard(b, p)
+		cb.ids = append(cb.ids, p)
+		for range 20 {
+			o := uuid.New()
+			cb.c.objectCard(b, o, p, true)
+			cb.ids = append(cb.ids, o)
+			objects = append(objects, [2]uuid.UUID{p, o})
+		}
+	}
+	for i := range consumerEvents {
+		pair := objects[(i*7919)%len(objects)]
+		ev := purchaseEvent(event.StatusActive, 1, 1+i%100, target(event.TargetProject, pair[0]), target(event.TargetPropertyObject, pair[1]))
+		cb.evs = append(cb.evs, ev)
+		msg, err := event.NewMessage(ev, "bench", time.Now())
+		require.NoError(b, err)
+		cb.msgs = append(cb.msgs, msg)
+	}
+	return cb
+}
+
+// applyRaw is the baseline: the same writes with no Kafka and no middleware.
+func (cb *consumerBench) applyRaw(b *testing.B, workers int) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(cb.evs); i += workers {
+				tx, err := cb.c.db.BeginTxx(ctx, nil)
+				if err == nil {
+					_, err = tx.ExecContext(ctx, `INSERT INTO catalog.processed_messages (key) VALUES ($1)`,
+						"catalog-promotion:purchase-changed:"+cb.msgs[i].UUID)
+				}
+				if err == nil {
+					_, err = boost.Apply(ctx, tx, cb.evs[i])
+				}
+				if err == nil {
+					err = tx.Commit()
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// rebased maps boosts of one bench's cards onto the other's ids by position.
+func rebased(boosts map[uuid.UUID]int, from, to []uuid.UUID) map[uuid.UUID]int {
+	out := make(map[uuid.UUID]int, len(boosts))
+	for i, id := range from {
+		out[to[i]] = boosts[id]
+	}
+	return out
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The product's run command: both contexts in one process on this machine.
+#
+#   scripts/run.sh [promoflow dev flags]
+#
+# Without DATABASE_URL it starts a private PostgreSQL (scripts/stack.sh up
+# postgres, installing Debian's postgresql when missing). Without
+# KAFKA_BROKERS, `promoflow dev` runs an embedded in-process Kafka broker.
+# Stop with Ctrl-C; scripts/stack.sh down stops the PostgreSQL it started.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+	export PATH=$PATH:/usr/local/go/bin
+fi
+if [[ -z ${DATABASE_URL:-} ]]; then
+	stack_env=$(bash scripts/stack.sh up postgres)
+	eval "$stack_env"
+fi
+export DATABASE_URL
+mkdir -p bin
+go build -o bin/promoflow ./app
+exec bin/promoflow dev "$@"
