@@ -41,11 +41,10 @@ func runDLQReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	res, err := router.ReplayDLQ(ctx, cfg, newLoggerTo(os.Stderr, logLevel, "dlq-replay"))
-	verb := "replayed"
 	if cfg.DryRun {
-		verb = "would replay"
+		fmt.Fprintf(os.Stdout, "group %s: read %d, would replay %d (dry run: nothing published or committed)\n", res.Group, res.Read, res.Matched)
+	} else {
+		fmt.Fprintf(os.Stdout, "group %s: read %d, matched %d, replayed %d\n", res.Group, res.Read, res.Matched, res.Forwarded)
 	}
-	fmt.Fprintf(os.Stdout, "group %s: read %d, matched %d, %s %d\n", res.Group, res.Read, res.Matched, verb,
-		map[bool]int64{true: res.Matched, false: res.Forwarded}[cfg.DryRun])
 	return err
 }

@@ -35,21 +35,24 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "promoflow:", err)
+		if errors.As(err, new(usageError)) {
+			fmt.Fprint(os.Stderr, usage)
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, usage)
-		return errors.New("a command is required")
+		return usageError{"a command is required"}
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
-	case "promotion":
-		return runPromotion(ctx, rest)
 	case "dev":
 		return runDev(ctx, rest)
+	case "promotion":
+		return runPromotion(ctx, rest)
 	case "catalog":
 		return runCatalog(ctx, rest)
 	case "dlq-replay":
@@ -60,9 +63,13 @@ func run(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stdout, usage)
 		return nil
 	}
-	fmt.Fprint(os.Stderr, usage)
-	return fmt.Errorf("unknown command %q", cmd)
+	return usageError{fmt.Sprintf("unknown command %q", cmd)}
 }
+
+// usageError is a command line that names no known command; main prints the usage.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
 
 // runAll runs every part until ctx ends or one part fails, then stops the rest
 // and waits for all of them. context.Canceled on shutdown is not an error.

@@ -95,7 +95,7 @@ log "promtool check/test rules"
 test_rc=0
 test_out=$(mktemp)
 trap 'rm -f "$test_out"; stop_started' EXIT
-log "go test -race -count=1 -timeout 30m ./... $*"
+log "go test -race -count=1 -timeout 30m -v ./... $*"
 # pipefail: the pipeline's status is go test's, not tee's.
 go test -race -count=1 -timeout 30m -v ./... "$@" 2>&1 | tee "$test_out" || test_rc=$?
 pkgs_ok=$(grep -cE '^ok[[:space:]]' "$test_out" || true)

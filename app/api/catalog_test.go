@@ -1,0 +1,75 @@
+package api_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/api"
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/router"
+)
+
+func setupCatalogAPI(t *testing.T) apiBundle {
+	t.Helper()
+	t.Parallel()
+	db := testenv.DB(t)
+	mux := http.NewServeMux()
+	log := slog.New(slog.DiscardHandler)
+	rb := &router.Rebuilder{DB: db, Brokers: testenv.Brokers(t), Topics: []string{testenv.Topic(t, 1)},
+		Chain: nil, Log: log}
+	(&api.Catalog{DB: db, AdminToken: "admin", Rebuilder: rb, Ctx: context.Background(), Log: log}).Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return apiBundle{db: db, srv: srv}
+}
+
+func TestCatalogAPI_FeedUpsertsCardsAndReadsShowTheBoost(t *testing.T) {
+	b := setupCatalogAPI(t)
+	project, object := uuid.NewString(), uuid.NewString()
+	r := b.do(t, "PUT", "/cards/projects/"+project, "admin", map[string]any{"Title": "Tower", "Status": "Published",
+		"Visibility": "Visible", "MinPrice": 1500000.5, "PropertyObjectsAvailable": 12})
+	require.Equal(t, http.StatusOK, r.Status, r.Body)
+	require.EqualValues(t, 0, r.Body["PromotionBoost"])
+	require.EqualValues(t, 1500000.5, r.Body["MinPrice"])
+
+	r = b.do(t, "PUT", "/cards/property-objects/"+object, "admin", map[string]any{"ProjectId": project, "Published": true})
+	require.Equal(t, http.StatusOK, r.Status, r.Body)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/cards/projects/"+project, "", nil).Status)
+	require.Len(t, b.do(t, "GET", "/cards/projects/"+project+"/property-objects", "", nil).Body["items"], 1)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/cards/property-objects/"+object, "", nil).Status)
+	require.Equal(t, http.StatusNotFound, b.do(t, "GET", "/cards/projects/"+uuid.NewString(), "", nil).Status)
+}
+
+func TestCatalogAPI_FeedRejectsBadInputAndStrangers(t *testing.T) {
+	b := setupCatalogAPI(t)
+	id := uuid.NewString()
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "PUT", "/cards/projects/"+id, "", map[string]any{}).Status)
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "PUT", "/cards/projects/"+id, "wrong", map[string]any{}).Status)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/not-a-uuid", "admin", map[string]any{}).Status)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/"+id, "admin", map[string]any{"PromotionBost": 5}).Status)
+	require.Equal(t, http.StatusUnprocessableEntity, b.do(t, "PUT", "/cards/property-objects/"+id, "admin",
+		map[string]any{"Published": true}).Status, "a property object needs its project")
+	var n int
+	require.NoError(t, b.db.Get(&n, `SELECT (SELECT count(*) FROM catalog.project_cards) + (SELECT count(*) FROM catalog.property_object_cards)`))
+	require.Zero(t, n)
+}
+
+func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {
+	b := setupCatalogAPI(t)
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "POST", "/admin/projections/rebuild", "", nil).Status)
+	require.Equal(t, "idle", b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body["state"])
+
+	r := b.do(t, "POST", "/admin/projections/rebuild", "admin", nil)
+	require.Equal(t, http.StatusAccepted, r.Status, r.Body)
+	require.NotEmpty(t, r.Body["id"])
+	require.Eventually(t, func() bool {
+		return b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body["state"] == "done"
+	}, 30*time.Second, 20*time.Millisecond)
+}
