@@ -15,15 +15,16 @@ import (
 // catalogConfig is the catalog process's configuration.
 type catalogConfig struct {
 	commonConfig
-	Enabled       bool
-	Topic         string
-	ReplayTopic   string
-	DLQTopic      string
-	ConsumerGroup string
-	AdminToken    string
-	RetryInitial  time.Duration
-	RetryMax      time.Duration
-	Topics        topicConfig
+	Enabled        bool
+	Topic          string
+	ReplayTopic    string
+	DLQTopic       string
+	ConsumerGroup  string
+	AdminToken     string
+	RetryInitial   time.Duration
+	RetryMax       time.Duration
+	DedupRetention time.Duration
+	Topics         topicConfig
 }
 
 func (c *catalogConfig) register(s *settings) {
@@ -36,6 +37,7 @@ func (c *catalogConfig) register(s *settings) {
 	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
 	s.dur(&c.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", time.Second, "first backoff after an infrastructure error")
 	s.dur(&c.RetryMax, "retry-max", "CATALOG_RETRY_MAX", time.Minute, "largest backoff after infrastructure errors")
+	s.dur(&c.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", 7*24*time.Hour, "how long dedup keys are kept")
 	c.Topics.register(s)
 }
 
@@ -70,6 +72,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	c, err := router.NewCatalog(db, metrics, log, router.CatalogConfig{
 		Brokers: brokers, Enabled: cfg.Enabled, Topic: cfg.Topic, ReplayTopic: cfg.ReplayTopic,
 		DLQTopic: cfg.DLQTopic, ConsumerGroup: cfg.ConsumerGroup, RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax,
+		DedupRetention: cfg.DedupRetention,
 	})
 	if err != nil {
 		return err

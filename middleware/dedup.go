@@ -2,11 +2,14 @@ package middleware
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
@@ -86,4 +89,17 @@ func Dedup(cfg DedupConfig) (message.HandlerMiddleware, error) {
 			return h(msg)
 		}
 	}, nil
+}
+
+// CleanupDedupKeys deletes dedup keys older than retention, so that
+// catalog.processed_messages does not grow without bound. A redelivery older
+// than the retention is still harmless: the per-purchase version guard skips
+// or re-applies the same snapshot.
+func CleanupDedupKeys(ctx context.Context, db *sqlx.DB, retention time.Duration) (int64, error) {
+	res, err := db.ExecContext(ctx, `DELETE FROM catalog.processed_messages WHERE processed_at < now() - $1::interval`,
+		fmt.Sprintf("%d milliseconds", retention.Milliseconds()))
+	if err != nil {
+		return 0, fmt.Errorf("clean dedup keys: %w", err)
+	}
+	return res.RowsAffected()
 }

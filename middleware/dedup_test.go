@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"sync"
@@ -144,4 +145,17 @@ func TestDedup_OutsideUnitOfWorkFails(t *testing.T) {
 	})(newMessage(t))
 
 	require.ErrorIs(t, err, middleware.ErrNoTx)
+}
+
+func TestCleanupDedupKeys_DeletesOnlyKeysPastRetention(t *testing.T) {
+	t.Parallel()
+	db := catalogDB(t)
+	_, err := db.Exec(`INSERT INTO catalog.processed_messages (key, processed_at) VALUES
+		('catalog-promotion:purchase-changed:old', now() - interval '8 days'),
+		('catalog-promotion:purchase-changed:new', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	n, err := middleware.CleanupDedupKeys(context.Background(), db, 7*24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, []string{"catalog-promotion:purchase-changed:new"}, processedKeys(t, db))
 }

@@ -44,6 +44,10 @@ type CatalogConfig struct {
 	ConsumerGroup string
 	// RetryInitial and RetryMax bound the infrastructure backoff. Default 1s and 60s.
 	RetryInitial, RetryMax time.Duration
+	// DedupRetention is how long dedup keys are kept. Defaults to 7 days.
+	DedupRetention time.Duration
+	// JanitorInterval is the time between dedup key cleanups. Defaults to 1h.
+	JanitorInterval time.Duration
 }
 
 func (c *CatalogConfig) setDefaults() {
@@ -53,6 +57,8 @@ func (c *CatalogConfig) setDefaults() {
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
 	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
 	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
+	c.DedupRetention = cmp.Or(c.DedupRetention, 7*24*time.Hour)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, time.Hour)
 }
 
 // Validate reports every missing setting.
@@ -70,6 +76,7 @@ type Catalog struct {
 	// Chain is the consumer chain without the poison queue, for the rebuild.
 	Chain   message.HandlerFunc
 	closers []func() error
+	tickers []*tickSource
 	enabled bool
 }
 
@@ -121,8 +128,20 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 			return nil, err
 		}
 		h := r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, consume(m, log))
-		h.AddMiddleware(append([]message.HandlerMiddleware{poison}, inner...)...)
+		h.AddMiddleware(append([]message.HandlerMiddleware{m.lag.middleware, poison}, inner...)...)
 	}
+
+	janitor := newTickSource("catalog.dedup-janitor.tick", cfg.JanitorInterval, wlog)
+	r.AddConsumerHandler("dedup_janitor", janitor.topic, janitor.pubsub, func(msg *message.Message) error {
+		n, err := middleware.CleanupDedupKeys(msg.Context(), db, cfg.DedupRetention)
+		if err != nil {
+			log.Warn("dedup key cleanup failed", "error", err.Error())
+			return nil
+		}
+		m.DedupCleaned.Add(float64(n))
+		return nil
+	})
+	c.tickers = append(c.tickers, janitor)
 	return c, nil
 }
 
@@ -187,9 +206,5 @@ func (c *Catalog) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	err := c.Router.Run(ctx)
-	for _, closer := range c.closers {
-		err = errors.Join(err, closer())
-	}
-	return err
+	return runRouter(ctx, c.Router, c.tickers, c.closers)
 }

@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/promoflow/promoflow/handlers/boost"
@@ -44,9 +43,6 @@ func consume(m *CatalogMetrics, log *slog.Logger) message.NoPublishHandlerFunc {
 			if out.CardsRecomputed > 0 {
 				log.Info("recomputed", append(fields, "cardsAffected", out.CardsRecomputed)...)
 			}
-		}
-		if ts, ok := kafka.MessageTimestampFromCtx(ctx); ok {
-			m.Lag.Set(time.Since(ts).Seconds())
 		}
 		m.ConsumeDuration.Observe(float64(time.Since(start).Microseconds()) / 1000)
 		return nil

@@ -8,7 +8,7 @@ import (
 
 // CatalogMetrics are the catalog context's Prometheus series (SPEC §6).
 type CatalogMetrics struct {
-	Lag              prometheus.Gauge
+	Lag              prometheus.GaugeFunc
 	ConsumeDuration  prometheus.Histogram
 	CardsRecomputed  prometheus.Counter
 	Stale            prometheus.Counter
@@ -16,13 +16,18 @@ type CatalogMetrics struct {
 	DLQ              prometheus.Counter
 	ContractMismatch prometheus.Counter
 	Consumed         *prometheus.CounterVec
+	DedupCleaned     prometheus.Counter
+	lag              *lagTracker
 }
 
 // NewCatalogMetrics registers the series on reg.
 func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
+	lag := newLagTracker()
 	m := &CatalogMetrics{
-		Lag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "catalog_promotion_lag_seconds", Help: "Time from an event's Kafka timestamp to its processing, for the last event."}),
+		lag: lag,
+		Lag: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "catalog_promotion_lag_seconds",
+			Help: "Age of the oldest event in flight, or of the last one handled in the past 5s; 0 when idle."}, lag.seconds),
 		ConsumeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "catalog_promotion_consume_duration_ms", Help: "Time to process one purchase-changed event, in milliseconds.",
 			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000}}),
@@ -39,12 +44,14 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 		Consumed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "catalog_promotion_consumed_total", Help: "Events consumed, by outcome (applied, stale, duplicate, post_only)."},
 			[]string{"outcome"}),
+		DedupCleaned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "catalog_promotion_dedup_keys_cleaned_total", Help: "Dedup keys deleted after their retention."}),
 	}
 	for _, o := range []string{"applied", "stale", "duplicate", "post_only"} {
 		m.Consumed.WithLabelValues(o)
 	}
 	for _, c := range []prometheus.Collector{m.Lag, m.ConsumeDuration, m.CardsRecomputed, m.Stale, m.Retries,
-		m.DLQ, m.ContractMismatch, m.Consumed} {
+		m.DLQ, m.ContractMismatch, m.Consumed, m.DedupCleaned} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("register catalog metrics"), err)
 		}

@@ -161,6 +161,12 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 // Run runs the router and its tickers until ctx is cancelled, then stops
 // gracefully: the batch under way commits or rolls back whole.
 func (p *Promotion) Run(ctx context.Context) error {
+	return runRouter(ctx, p.Router, p.tickers, p.closers)
+}
+
+// runRouter runs r until ctx is cancelled, starts the tick sources once r
+// runs, and closes what the router's handlers used once it stopped.
+func runRouter(ctx context.Context, r *message.Router, tickers []*tickSource, closers []func() error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -168,22 +174,22 @@ func (p *Promotion) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		select {
-		case <-p.Router.Running():
+		case <-r.Running():
 		case <-ctx.Done():
 			return
 		}
-		for _, t := range p.tickers {
+		for _, t := range tickers {
 			wg.Add(1)
 			go func() { defer wg.Done(); t.run(ctx) }()
 		}
 	}()
-	err := p.Router.Run(ctx)
+	err := r.Run(ctx)
 	cancel()
-	for _, t := range p.tickers {
+	for _, t := range tickers {
 		_ = t.pubsub.Close()
 	}
 	wg.Wait()
-	for _, c := range p.closers {
+	for _, c := range closers {
 		err = errors.Join(err, c())
 	}
 	return err
