@@ -111,6 +111,10 @@ func TestAPI_CreateIsActiveAtOnceWithItsEventInTheOutbox(t *testing.T) {
 	require.Len(t, evs, 1)
 	require.Equal(t, event.StatusActive, evs[0].Status)
 	require.Equal(t, r.Body["Id"], evs[0].PurchaseId.String())
+
+	stored, err := purchase.Get(context.Background(), b.db, tenantA, evs[0].PurchaseId)
+	require.NoError(t, err)
+	require.Equal(t, stored.Event(), evs[0], "the event is the stored snapshot, to the microsecond")
 }
 
 func TestAPI_BadInputGetsClearErrorAndWritesNothing(t *testing.T) {

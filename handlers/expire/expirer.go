@@ -59,7 +59,7 @@ func New(db *sqlx.DB, cfg Config, log *slog.Logger) (*Expirer, error) {
 // stops the cycle between batches and is not an error.
 func (e *Expirer) RunCycle(ctx context.Context) (Result, error) {
 	start := time.Now()
-	res := Result{RunID: uuid.NewString(), AsOf: e.Now().UTC()}
+	res := Result{RunID: uuid.NewString(), AsOf: e.Now().UTC().Truncate(time.Microsecond)}
 	log := e.log.With("runId", res.RunID)
 	log.Info("cycle started", "AsOf", res.AsOf)
 

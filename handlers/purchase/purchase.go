@@ -125,7 +125,8 @@ func NewActive(id, tenant uuid.UUID, d Draft, now time.Time) Purchase {
 	return Purchase{
 		ID: id, TenantID: tenant, PackageKind: d.PackageKind, Targets: d.Targets,
 		BoostWeight: d.BoostWeight, Status: event.StatusActive, PaymentStatus: PaymentNotRequired,
-		StartsAt: d.StartsAt.UTC(), EndsAt: d.EndsAt.UTC(), CreatedAt: now, UpdatedAt: now, Version: 1,
+		StartsAt: d.StartsAt.UTC().Truncate(time.Microsecond), EndsAt: d.EndsAt.UTC().Truncate(time.Microsecond),
+		CreatedAt: now, UpdatedAt: now, Version: 1,
 	}
 }
 

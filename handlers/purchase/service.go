@@ -29,11 +29,14 @@ type Service struct {
 	Now func() time.Time
 }
 
+// now is in UTC at PostgreSQL's microsecond precision, so that an event built
+// from memory equals one built from the stored row.
 func (s *Service) now() time.Time {
+	now := time.Now
 	if s.Now != nil {
-		return s.Now().UTC()
+		now = s.Now
 	}
-	return time.Now().UTC()
+	return now().UTC().Truncate(time.Microsecond)
 }
 
 func (s *Service) topic() string {

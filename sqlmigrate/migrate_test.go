@@ -1,0 +1,73 @@
+package sqlmigrate_test
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"testing"
+
+	_ "github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/sqlmigrate"
+)
+
+func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	all, err := sqlmigrate.All()
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	applied := make(chan []string, 5)
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db, err := sql.Open("postgres", url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer db.Close()
+			got, err := sqlmigrate.Up(context.Background(), db)
+			if err != nil {
+				t.Error(err)
+			}
+			applied <- got
+		}()
+	}
+	wg.Wait()
+	close(applied)
+	total := 0
+	for got := range applied {
+		total += len(got)
+	}
+	require.Equal(t, len(all), total, "every migration applied by exactly one process")
+
+	db, err := sql.Open("postgres", url)
+	require.NoError(t, err)
+	defer db.Close()
+	st, err := sqlmigrate.Status(context.Background(), db)
+	require.NoError(t, err)
+	for _, m := range all {
+		require.True(t, st[m.Version], m.Version)
+	}
+	again, err := sqlmigrate.Up(context.Background(), db)
+	require.NoError(t, err)
+	require.Empty(t, again)
+}
+
+func TestStatus_OnAnEmptyDatabaseListsEveryMigrationAsPending(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("postgres", testenv.DatabaseURL(t))
+	require.NoError(t, err)
+	defer db.Close()
+	st, err := sqlmigrate.Status(context.Background(), db)
+	require.NoError(t, err)
+	require.NotEmpty(t, st)
+	for v, done := range st {
+		require.False(t, done, v)
+	}
+}
