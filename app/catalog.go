@@ -55,6 +55,11 @@ func runCatalog(ctx context.Context, args []string) error {
 }
 
 func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {
+	stopTracing, err := setupTracing(ctx, "catalog")
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort flush at exit
 	db, err := openDB(ctx, cfg.commonConfig, log)
 	if err != nil {
 		return err

@@ -67,6 +67,11 @@ func runPromotion(ctx context.Context, args []string) error {
 }
 
 func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {
+	stopTracing, err := setupTracing(ctx, "promotion")
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort flush at exit
 	tokens, _ := api.ParseTokens(cfg.APITokens)
 	if len(tokens) == 0 {
 		log.Warn("no API tokens configured: every purchase API call answers 401")

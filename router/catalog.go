@@ -128,7 +128,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 			return nil, err
 		}
 		h := r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, consume(m, log))
-		h.AddMiddleware(append([]message.HandlerMiddleware{m.lag.middleware, poison}, inner...)...)
+		h.AddMiddleware(append([]message.HandlerMiddleware{traceReceive, m.lag.middleware, poison}, inner...)...)
 	}
 
 	janitor := newTickSource("catalog.dedup-janitor.tick", cfg.JanitorInterval, wlog)

@@ -15,14 +15,18 @@ import (
 // of work's transaction. A payload that breaks the contract returns its
 // *event.ContractError, which the retry middleware makes permanent (DLQ).
 func consume(m *CatalogMetrics, log *slog.Logger) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) error {
+	return func(msg *message.Message) (err error) {
 		start := time.Now()
-		ctx := msg.Context()
+		ctx, span := tracer.Start(msg.Context(), "catalog.promotion.process")
+		defer func() { endSpan(span, err); span.End() }()
 		ev, err := event.Parse(msg.Payload)
 		if err != nil {
 			return err
 		}
-		out, err := boost.Apply(ctx, middleware.Tx(ctx), ev)
+		storeCtx, store := tracer.Start(ctx, "catalog.promotion.store")
+		out, err := boost.Apply(storeCtx, middleware.Tx(ctx), ev)
+		endSpan(store, err)
+		store.End()
 		if err != nil {
 			return err
 		}

@@ -147,7 +147,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 			return out, err
 		}
 	}
-	_, err = forwarder.NewForwarder(sub, pub, wlog, forwarder.Config{
+	_, err = forwarder.NewForwarder(sub, tracingPublisher{pub}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
 		Middlewares:    []message.HandlerMiddleware{countRelayed},

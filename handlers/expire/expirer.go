@@ -13,11 +13,18 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/handlers/purchase"
 )
+
+// tracer names the expirer's spans; it follows the global provider.
+var tracer = otel.Tracer("github.com/promoflow/promoflow/handlers/expire")
 
 // Result is what one cycle did; the router turns it into metrics.
 type Result struct {
@@ -57,9 +64,22 @@ func New(db *sqlx.DB, cfg Config, log *slog.Logger) (*Expirer, error) {
 // An infrastructure error rolls back the batch under way and ends the cycle
 // (batches committed before it stay); the next cycle retries. A cancelled ctx
 // stops the cycle between batches and is not an error.
-func (e *Expirer) RunCycle(ctx context.Context) (Result, error) {
+func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 	start := time.Now()
-	res := Result{RunID: uuid.NewString(), AsOf: e.Now().UTC().Truncate(time.Microsecond)}
+	res = Result{RunID: uuid.NewString(), AsOf: e.Now().UTC().Truncate(time.Microsecond)}
+	// The run id is the correlation id of the cycle span and of every event
+	// the cycle emits, so a trace joins them.
+	ctx, span := tracer.Start(ctx, "promotion.expire.cycle", trace.WithAttributes(
+		attribute.String("correlation_id", res.RunID), attribute.String("as_of", res.AsOf.Format(time.RFC3339Nano))))
+	defer func() {
+		span.SetAttributes(attribute.Int("expired_count", res.ExpiredCount), attribute.Int("poison_count", res.PoisonCount),
+			attribute.Int("skipped_locked_count", res.SkippedLockedCount), attribute.Int("batches", res.Batches))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
 	log := e.log.With("runId", res.RunID)
 	log.Info("cycle started", "AsOf", res.AsOf)
 

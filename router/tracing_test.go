@@ -1,0 +1,91 @@
+package router_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// spans records every span the package's tests make.
+var spans = tracetest.NewSpanRecorder()
+
+func TestMain(m *testing.M) {
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
+	os.Exit(m.Run())
+}
+
+// endedSpans returns the ended spans with that name and correlation id.
+func endedSpans(name, correlationID string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.Name() != name {
+			continue
+		}
+		for _, a := range s.Attributes() {
+			if a.Key == "correlation_id" && a.Value.AsString() == correlationID {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+func TestTracing_CycleAndPublishSpansShareTheRunID(t *testing.T) {
+	b := setupPromotion(t, 1)
+	testenv.SeedActive(t, b.db, 1, time.Now().Add(-time.Minute))
+	b.start(t, time.Hour)
+	require.Eventually(t, func() bool {
+		for _, s := range spans.Ended() {
+			if s.Name() != "promotion.expire.cycle" {
+				continue
+			}
+			for _, a := range s.Attributes() {
+				if a.Key == "correlation_id" && len(endedSpans("promotion.outbox.publish", a.Value.AsString())) == 1 {
+					return true
+				}
+			}
+		}
+		return false
+	}, 30*time.Second, 20*time.Millisecond, "a publish span carries the cycle's run id")
+}
+
+func TestTracing_ConsumerReceiveProcessStoreSpansCarryTheCorrelationID(t *testing.T) {
+	b := setupCatalog(t, true)
+	b.start(t)
+	ev := purchaseEvent(event.StatusActive, 1, 10, target(event.TargetProject, uuid.New()))
+	msg := b.produce(t, ev) // correlation id "test" is shared; tell spans apart by message id
+	var receive sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		for _, s := range endedSpans("catalog.promotion.receive", "test") {
+			for _, a := range s.Attributes() {
+				if a.Key == "messaging.message.id" && a.Value.AsString() == msg.UUID {
+					receive = s
+					return true
+				}
+			}
+		}
+		return false
+	}, 30*time.Second, 10*time.Millisecond)
+	var process, store sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.Name() == "catalog.promotion.process" && s.Parent().SpanID() == receive.SpanContext().SpanID() {
+			process = s
+		}
+	}
+	require.NotNil(t, process, "process is a child of receive")
+	for _, s := range spans.Ended() {
+		if s.Name() == "catalog.promotion.store" && s.Parent().SpanID() == process.SpanContext().SpanID() {
+			store = s
+		}
+	}
+	require.NotNil(t, store, "store is a child of process")
+}
