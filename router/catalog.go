@@ -189,6 +189,8 @@ func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermill.L
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
+		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
+		NackResendSleep: time.Second,
 	}, wlog)
 	if err != nil {
 		return nil, fmt.Errorf("kafka subscriber %s: %w", group, err)
