@@ -84,7 +84,21 @@ func Topic(t testing.TB, partitions int32) string {
 	t.Helper()
 	name := "pf-test-" + RandomSuffix()
 	require.NoError(t, router.EnsureTopics(Brokers(t), partitions, 1, name))
+	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
 	return name
+}
+
+// deleteTopic removes a test's topic, best effort, so that test runs do not
+// fill the broker's disk.
+func deleteTopic(brokers []string, name string) {
+	cfg := sarama.NewConfig()
+	cfg.Version = router.KafkaVersion
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	if err != nil {
+		return
+	}
+	defer admin.Close()
+	_ = admin.DeleteTopic(name)
 }
 
 // ReadTopic consumes every partition of topic from the oldest offset until done
