@@ -85,7 +85,30 @@ func Topic(t testing.TB, partitions int32) string {
 	name := "pf-test-" + RandomSuffix()
 	require.NoError(t, router.EnsureTopics(Brokers(t), partitions, 1, name))
 	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
+	waitForLeaders(t, name, partitions)
 	return name
+}
+
+// waitForLeaders waits until every partition of a new topic has a leader that
+// serves it; a fresh broker may answer NotLeaderForPartition for a moment.
+func waitForLeaders(t testing.TB, topic string, partitions int32) {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = router.KafkaVersion
+	client, err := sarama.NewClient(Brokers(t), cfg)
+	require.NoError(t, err)
+	defer client.Close()
+	require.Eventually(t, func() bool {
+		if client.RefreshMetadata(topic) != nil {
+			return false
+		}
+		for p := range partitions {
+			if _, err := client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 50*time.Millisecond, "topic %s has no leaders", topic)
 }
 
 // deleteTopic removes a test's topic, best effort, so that test runs do not
@@ -115,8 +138,12 @@ func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*s
 
 	in := make(chan *sarama.ConsumerMessage, 1024)
 	for _, p := range parts {
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
+		var pc sarama.PartitionConsumer
+		// A topic made by the code under test may not have its leader yet.
+		require.Eventually(t, func() bool {
+			pc, err = consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond, "consume %s/%d", topic, p)
 		defer pc.Close()
 		go func() {
 			for m := range pc.Messages() {
