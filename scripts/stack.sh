@@ -16,9 +16,9 @@
 # Environment:
 #   PROMOFLOW_STACK_DIR              state (data, logs, pid files)  [~/.cache/promoflow/stack]
 #   PROMOFLOW_CACHE                  downloaded Kafka jars           [~/.cache/promoflow]
-#   PROMOFLOW_PG_PORT                PostgreSQL port                 [55432]
-#   PROMOFLOW_KAFKA_PORT             Kafka broker port               [59092]
-#   PROMOFLOW_KAFKA_CONTROLLER_PORT  Kafka KRaft controller port     [59093]
+#   PROMOFLOW_PG_PORT                PostgreSQL port                 [25432]
+#   PROMOFLOW_KAFKA_PORT             Kafka broker port               [29092]
+#   PROMOFLOW_KAFKA_CONTROLLER_PORT  Kafka KRaft controller port     [29093]
 #   PROMOFLOW_PG_DIR                 PostgreSQL folder (see pg_dir)  [computed]
 #   PROMOFLOW_KAFKA_READY_TIMEOUT    seconds to wait for Kafka       [120]
 set -euo pipefail
@@ -38,9 +38,11 @@ CACHE_DIR=${PROMOFLOW_CACHE:-$HOME/.cache/promoflow}
 [[ $STATE_DIR == /* ]] || STATE_DIR=$PWD/$STATE_DIR
 [[ $CACHE_DIR == /* ]] || CACHE_DIR=$PWD/$CACHE_DIR
 KAFKA_LIBS=$CACHE_DIR/kafka-$KAFKA_VERSION/libs
-PG_PORT=${PROMOFLOW_PG_PORT:-55432}
-KAFKA_PORT=${PROMOFLOW_KAFKA_PORT:-59092}
-KAFKA_CONTROLLER_PORT=${PROMOFLOW_KAFKA_CONTROLLER_PORT:-59093}
+# Default ports sit below Linux's ephemeral range (32768-60999), so that no
+# client connection of a test run can hold them when a server starts.
+PG_PORT=${PROMOFLOW_PG_PORT:-25432}
+KAFKA_PORT=${PROMOFLOW_KAFKA_PORT:-29092}
+KAFKA_CONTROLLER_PORT=${PROMOFLOW_KAFKA_CONTROLLER_PORT:-29093}
 HOST=127.0.0.1
 KAFKA_DIR=$STATE_DIR/kafka
 KAFKA_PID_FILE=$KAFKA_DIR/kafka.pid
