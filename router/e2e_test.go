@@ -38,9 +38,9 @@ func TestEndToEnd_PurchaseBoostsCardsAndCancelOrExpiryRemovesIt(t *testing.T) {
 	c.waitBoost(t, event.TargetPropertyObject, published, 30)
 	require.Zero(t, c.boostOf(event.TargetPropertyObject, draft))
 
-	// A purchase on the object that expires by itself in a second.
+	// A purchase on the object that expires by itself in a few seconds.
 	_, _, err = svc.Create(ctx, tenant, "", purchase.Draft{PackageKind: "Top", BoostWeight: 50,
-		Targets: []event.Target{target(event.TargetPropertyObject, published)}, EndsAt: time.Now().Add(time.Second)}, "e2e")
+		Targets: []event.Target{target(event.TargetPropertyObject, published)}, EndsAt: time.Now().Add(5 * time.Second)}, "e2e")
 	require.NoError(t, err)
 	c.waitBoost(t, event.TargetPropertyObject, published, 80)
 	c.waitBoost(t, event.TargetPropertyObject, published, 30) // expired by the expirer
