@@ -182,9 +182,7 @@ func chain(h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) mes
 // NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
 // starts from the earliest offset when the group has none.
 func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermill.LoggerAdapter) (*kafka.Subscriber, error) {
-	sc := sarama.NewConfig()
-	sc.ClientID = "promoflow-" + group
-	sc.Version = KafkaVersion
+	sc := ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{

@@ -175,9 +175,7 @@ func (s *replayState) result() DLQReplayResult {
 
 // remaining reads the group's committed offsets and the topic's ends.
 func (s *replayState) remaining() (partitionTodo, error) {
-	cfg := sarama.NewConfig()
-	cfg.Version = KafkaVersion
-	client, err := sarama.NewClient(s.cfg.Brokers, cfg)
+	client, err := sarama.NewClient(s.cfg.Brokers, ClientConfig("promoflow-dlq-replay"))
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
@@ -251,9 +249,7 @@ func (s *replayState) committed() bool {
 	if len(want) == 0 {
 		return true
 	}
-	cfg := sarama.NewConfig()
-	cfg.Version = KafkaVersion
-	admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, cfg)
+	admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, ClientConfig("promoflow-dlq-replay"))
 	if err != nil {
 		return false
 	}
@@ -468,9 +464,7 @@ func (c *capture) Close() error { return nil }
 // dryRun reads the same records with plain partition consumers and logs each
 // that would be replayed.
 func (s *replayState) dryRun(ctx context.Context) error {
-	cfg := sarama.NewConfig()
-	cfg.Version = KafkaVersion
-	consumer, err := sarama.NewConsumer(s.cfg.Brokers, cfg)
+	consumer, err := sarama.NewConsumer(s.cfg.Brokers, ClientConfig("promoflow-dlq-replay"))
 	if err != nil {
 		return fmt.Errorf("kafka consumer: %w", err)
 	}

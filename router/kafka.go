@@ -12,12 +12,18 @@ import (
 // versions before 2.1 (KIP-896) that watermill-kafka's defaults pin (1.0).
 var KafkaVersion = sarama.V3_6_0_0
 
-// DurableProducerConfig is a Sarama producer that does not lose an acknowledged
-// event: acks=all, idempotent, one request in flight so retries keep order.
-func DurableProducerConfig(clientID string) *sarama.Config {
+// ClientConfig is a Sarama client speaking KafkaVersion.
+func ClientConfig(clientID string) *sarama.Config {
 	c := sarama.NewConfig()
 	c.ClientID = clientID
 	c.Version = KafkaVersion
+	return c
+}
+
+// DurableProducerConfig is a Sarama producer that does not lose an acknowledged
+// event: acks=all, idempotent, one request in flight so retries keep order.
+func DurableProducerConfig(clientID string) *sarama.Config {
+	c := ClientConfig(clientID)
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Producer.Idempotent = true
 	c.Net.MaxOpenRequests = 1
@@ -30,9 +36,7 @@ func DurableProducerConfig(clientID string) *sarama.Config {
 
 // EnsureTopics creates the topics that do not exist yet.
 func EnsureTopics(brokers []string, partitions int32, replication int16, topics ...string) error {
-	cfg := sarama.NewConfig()
-	cfg.Version = KafkaVersion
-	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	admin, err := sarama.NewClusterAdmin(brokers, ClientConfig("promoflow-admin"))
 	if err != nil {
 		return fmt.Errorf("connect kafka admin: %w", err)
 	}

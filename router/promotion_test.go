@@ -165,9 +165,7 @@ func TestPromotion_MetricsReportCyclesAndOutbox(t *testing.T) {
 
 // topicSize sums the high-water marks of every partition.
 func topicSize(t *testing.T, topic string) int64 {
-	cfg := sarama.NewConfig()
-	cfg.Version = router.KafkaVersion
-	client, err := sarama.NewClient(testenv.Brokers(t), cfg)
+	client, err := sarama.NewClient(testenv.Brokers(t), router.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer client.Close()
 	parts, err := client.Partitions(topic)

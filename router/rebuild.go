@@ -128,10 +128,7 @@ func (r *Rebuilder) run(ctx context.Context, started chan<- error) (err error) {
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, rebuildLockKey) //nolint:errcheck
 
-	cfg := sarama.NewConfig()
-	cfg.Version = KafkaVersion
-	cfg.ClientID = "promoflow-catalog-rebuild"
-	client, err := sarama.NewClient(r.Brokers, cfg)
+	client, err := sarama.NewClient(r.Brokers, ClientConfig("promoflow-catalog-rebuild"))
 	if err != nil {
 		return fmt.Errorf("rebuild kafka client: %w", err)
 	}

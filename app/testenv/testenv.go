@@ -93,9 +93,7 @@ func Topic(t testing.TB, partitions int32) string {
 // serves it; a fresh broker may answer NotLeaderForPartition for a moment.
 func waitForLeaders(t testing.TB, topic string, partitions int32) {
 	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = router.KafkaVersion
-	client, err := sarama.NewClient(Brokers(t), cfg)
+	client, err := sarama.NewClient(Brokers(t), router.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer client.Close()
 	require.Eventually(t, func() bool {
@@ -114,9 +112,7 @@ func waitForLeaders(t testing.TB, topic string, partitions int32) {
 // deleteTopic removes a test's topic, best effort, so that test runs do not
 // fill the broker's disk.
 func deleteTopic(brokers []string, name string) {
-	cfg := sarama.NewConfig()
-	cfg.Version = router.KafkaVersion
-	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	admin, err := sarama.NewClusterAdmin(brokers, router.ClientConfig("promoflow-test"))
 	if err != nil {
 		return
 	}
@@ -128,9 +124,7 @@ func deleteTopic(brokers []string, name string) {
 // returns true for what has arrived, or fails the test after timeout.
 func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*sarama.ConsumerMessage) bool) []*sarama.ConsumerMessage {
 	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = router.KafkaVersion
-	consumer, err := sarama.NewConsumer(Brokers(t), cfg)
+	consumer, err := sarama.NewConsumer(Brokers(t), router.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer consumer.Close()
 	parts, err := consumer.Partitions(topic)
