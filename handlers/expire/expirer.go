@@ -105,7 +105,10 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 	}
 
 	if !res.Interrupted {
-		if err := e.countLeft(ctx, &res, poison, drained); err != nil {
+		// A shutdown that lands here must not turn the finished cycle into an error.
+		countCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.BatchTimeout)
+		defer cancel()
+		if err := e.countLeft(countCtx, &res, poison, drained); err != nil {
 			res.Duration = time.Since(start)
 			return res, err
 		}
