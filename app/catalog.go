@@ -10,6 +10,8 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/dlqreplay"
+	"github.com/promoflow/promoflow/router/rebuild"
 )
 
 // catalogConfig is the catalog process's configuration.
@@ -31,7 +33,7 @@ func (c *catalogConfig) register(s *settings) {
 	c.commonConfig.register(s, ":8081")
 	s.bool(&c.Enabled, "promotions-enabled", "CATALOG_PROMOTIONS_ENABLED", true, "feature flag catalog.promotions.enabled: when false the consumer does not subscribe")
 	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
-	s.str(&c.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", router.ReplayTopicDefault, "topic of DLQ replays, read by this consumer only")
+	s.str(&c.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic of DLQ replays, read by this consumer only")
 	s.str(&c.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
 	s.str(&c.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
 	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
@@ -66,7 +68,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	}
 	defer db.Close()
 	brokers := splitList(cfg.KafkaBrokers)
-	if err := cfg.Topics.ensure(brokers, cfg.Topic, cfg.ReplayTopic, cfg.DLQTopic); err != nil {
+	if err := cfg.Topics.ensure(brokers, log, cfg.Topic, cfg.ReplayTopic, cfg.DLQTopic); err != nil {
 		return err
 	}
 	reg := newRegistry()
@@ -82,11 +84,15 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	rebuilder := &router.Rebuilder{DB: db, Brokers: brokers, Topics: []string{cfg.Topic, cfg.ReplayTopic}, Chain: c.Chain, Log: log}
+	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: cfg.Topic, Chain: c.Chain, Log: log})
+	if err != nil {
+		return err
+	}
 	mux := newMux(reg, dbReady(db), routerReady(c.Ready))
-	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Ctx: ctx, Log: log}).Register(mux)
+	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },
 		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, mux, log) },
+		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil },
 	)
 }

@@ -10,10 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // PostgreSQL driver
 
-	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/sqlmigrate"
 )
 
@@ -28,9 +29,14 @@ type commonConfig struct {
 }
 
 func (c *commonConfig) register(s *settings, httpAddr string) {
+	c.registerStores(s)
+	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
+}
+
+// registerStores registers what a command that serves no HTTP needs.
+func (c *commonConfig) registerStores(s *settings) {
 	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/db?sslmode=disable (required)")
 	s.str(&c.KafkaBrokers, "kafka-brokers", "KAFKA_BROKERS", "", "comma-separated Kafka bootstrap servers (required)")
-	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
 	s.str(&c.LogLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
 	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", true, "apply missing migrations at start (safe with several processes)")
 	s.int(&c.DBMaxConns, "db-max-conns", "DB_MAX_CONNS", 20, "most open PostgreSQL connections")
@@ -126,10 +132,35 @@ func (c topicConfig) validate() error {
 	return nil
 }
 
-// ensure creates the missing topics when asked to.
-func (c topicConfig) ensure(brokers []string, topics ...string) error {
-	if !c.Create {
+// ensure creates the missing topics when asked to: the purchase topic as a
+// compacted changelog (every event is a full snapshot keyed by PurchaseId, so
+// a rebuild from the earliest offset is complete at any age), the others with
+// the broker's default retention. It warns when an existing purchase topic is
+// not compacted: a rebuild refuses once retention removed some of it.
+func (c topicConfig) ensure(brokers []string, log *slog.Logger, purchaseTopic string, others ...string) error {
+	if c.Create {
+		specs := []kafkakit.Topic{{Name: purchaseTopic, Partitions: int32(c.Partitions), Replication: int16(c.Replication),
+			CleanupPolicy: kafkakit.PolicyCompact}}
+		for _, t := range others {
+			specs = append(specs, kafkakit.Topic{Name: t, Partitions: int32(c.Partitions), Replication: int16(c.Replication)})
+		}
+		if err := kafkakit.EnsureTopics(brokers, specs...); err != nil {
+			return err
+		}
+	}
+	admin, err := sarama.NewClusterAdmin(brokers, kafkakit.ClientConfig("promoflow-admin"))
+	if err != nil {
+		return fmt.Errorf("connect kafka admin: %w", err)
+	}
+	defer admin.Close()
+	policies, err := kafkakit.CleanupPolicies(admin, purchaseTopic)
+	if err != nil {
+		log.Warn("cannot read the purchase topic's cleanup policy", "topic", purchaseTopic, "error", err.Error())
 		return nil
 	}
-	return router.EnsureTopics(brokers, int32(c.Partitions), int16(c.Replication), topics...)
+	if !kafkakit.OnlyCompacted(policies) {
+		log.Warn("the purchase topic is not a compacted changelog: a projection rebuild refuses once retention removed "+
+			"records; set cleanup.policy=compact", "topic", purchaseTopic, "cleanupPolicy", strings.Join(policies, ","))
+	}
+	return nil
 }

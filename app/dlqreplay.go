@@ -4,47 +4,88 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"text/tabwriter"
+	"time"
 
+	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
-	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/dlqreplay"
 )
 
 func runDLQReplay(ctx context.Context, args []string) error {
 	var (
 		brokers, logLevel string
-		cfg               router.DLQReplayConfig
+		cfg               dlqreplay.Config
 		max               int
+		list              bool
 	)
 	s := newSettings("dlq-replay", "Replays the Promotion Boost DLQ to the catalog-only replay topic with a Watermill forwarder.\n"+
-		"It resumes where the last run with the same filters stopped, and stops at the end it saw at the start.")
+		"It resumes where the last run with the same filters stopped, stops at the end it saw at the start,\n"+
+		"and parks records replayed --max-replays times. --list shows what the DLQ holds and changes nothing.")
 	s.str(&brokers, "kafka-brokers", "KAFKA_BROKERS", "", "comma-separated Kafka bootstrap servers (required)")
 	s.str(&logLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
+	s.bool(&list, "list", "DLQ_REPLAY_LIST", false, "print what the DLQ holds by error code and reason, and exit; writes nothing")
 	s.str(&cfg.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic to read")
-	s.str(&cfg.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", router.ReplayTopicDefault, "topic the catalog consumer reads replays from")
+	s.str(&cfg.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic the catalog consumer reads replays from")
+	s.str(&cfg.SourceTopic, "source-topic", "PROMOTION_TOPIC", event.Topic, "purchase topic; the replay refuses to write to it")
 	s.str(&cfg.Group, "group", "DLQ_REPLAY_GROUP", "", "consumer group that keeps the position (default: one per filter)")
 	s.str(&cfg.Reason, "reason", "DLQ_REPLAY_REASON", "", "replay only records whose x-dlq-reason contains this")
 	s.str(&cfg.ErrorCode, "error-code", "DLQ_REPLAY_ERROR_CODE", "", "replay only records with this x-dlq-error-code (contract_violation, conflict_exhausted)")
 	s.str(&cfg.ID, "id", "DLQ_REPLAY_ID", "", "replay only the records of this PurchaseId or MessageId")
-	s.bool(&cfg.DryRun, "dry-run", "DLQ_REPLAY_DRY_RUN", false, "list what would be replayed; publish and commit nothing")
+	s.bool(&cfg.DryRun, "dry-run", "DLQ_REPLAY_DRY_RUN", false, "list what would be replayed and parked; publish and commit nothing")
 	s.int(&max, "max", "DLQ_REPLAY_MAX", 0, "stop after this many replayed records (0: all)")
+	s.int(&cfg.MaxReplays, "max-replays", "DLQ_REPLAY_MAX_REPLAYS", dlqreplay.MaxReplaysDefault, "park records already replayed this many times (x-dlq-replay-count)")
 	s.float(&cfg.Rate, "rate", "DLQ_REPLAY_RATE", 0, "most records replayed per second (0: no cap)")
 	if err := s.parse(args); err != nil {
 		return err
 	}
-	cfg.Brokers = splitList(brokers)
-	cfg.Max = int64(max)
-	if len(cfg.Brokers) == 0 {
-		return errors.New("kafka brokers are required (--kafka-brokers or $KAFKA_BROKERS)")
-	}
 	if _, err := parseLevel(logLevel); err != nil {
 		return err
 	}
-	res, err := router.ReplayDLQ(ctx, cfg, newLoggerTo(os.Stderr, logLevel, "dlq-replay"))
-	if cfg.DryRun {
-		fmt.Fprintf(os.Stdout, "group %s: read %d, would replay %d (dry run: nothing published or committed)\n", res.Group, res.Read, res.Matched)
-	} else {
-		fmt.Fprintf(os.Stdout, "group %s: read %d, matched %d, replayed %d\n", res.Group, res.Read, res.Matched, res.Forwarded)
+	if len(splitList(brokers)) == 0 {
+		return errors.New("kafka brokers are required (--kafka-brokers or $KAFKA_BROKERS)")
 	}
+	log := newLoggerTo(os.Stderr, logLevel, "dlq-replay")
+	cfg.Brokers, cfg.Max, cfg.Log = splitList(brokers), int64(max), log
+	replayer, err := dlqreplay.New(cfg)
+	if err != nil {
+		return err
+	}
+	what := "dlq-replay"
+	if list {
+		what = "dlq-list"
+	}
+	stop := showProgress(ctx, what, func() (bounded.Counts, bool) { return replayer.Progress().Snapshot(), true }, log)
+	if list {
+		listing, err := replayer.List(ctx)
+		stop()
+		if err != nil {
+			return err
+		}
+		printListing(os.Stdout, listing)
+		return nil
+	}
+	res, err := replayer.Run(ctx)
+	stop()
+	note := ""
+	if cfg.DryRun {
+		note = " (dry run: replayed = would replay; nothing published or committed)"
+	}
+	fmt.Fprintf(os.Stdout, "dlq-replay group %s: %s%s\n", res.Group, res.Summary(res.Duration), note)
 	return err
+}
+
+// printListing writes the DLQ histogram as a table.
+func printListing(w io.Writer, l dlqreplay.Listing) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CODE\tCOUNT\tPARKED\tOLDEST\tNEWEST\tREASON")
+	for _, r := range l.Rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", r.Code, r.Count, r.Parked,
+			r.Oldest.UTC().Format(time.RFC3339), r.Newest.UTC().Format(time.RFC3339), r.Reason)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "%d records in %s (%d partitions)\n", l.Records, l.Topic, l.Partitions)
 }

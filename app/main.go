@@ -19,7 +19,8 @@ Usage:
   promoflow dev [flags]          run both contexts in one process (embedded Kafka without $KAFKA_BROKERS)
   promoflow promotion [flags]    run the promotion context (purchase API, expirer, outbox relay)
   promoflow catalog [flags]      run the catalog context (Promotion Boost consumer, card feed, rebuild)
-  promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer
+  promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer (--list: what it holds)
+  promoflow rebuild [flags]      rebuild the PromotionBoost projection from the purchase topic
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow help                 show this help
 
@@ -57,6 +58,8 @@ func run(ctx context.Context, args []string) error {
 		return runCatalog(ctx, rest)
 	case "dlq-replay":
 		return runDLQReplay(ctx, rest)
+	case "rebuild":
+		return runRebuild(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
 	case "help", "-h", "--help":

@@ -83,7 +83,7 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	}
 	defer db.Close()
 	brokers := splitList(cfg.KafkaBrokers)
-	if err := cfg.Topics.ensure(brokers, cfg.Topic); err != nil {
+	if err := cfg.Topics.ensure(brokers, log, cfg.Topic); err != nil {
 		return err
 	}
 

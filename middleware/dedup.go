@@ -91,6 +91,20 @@ func Dedup(cfg DedupConfig) (message.HandlerMiddleware, error) {
 	}, nil
 }
 
+// ResetDedupTx forgets every dedup key with prefix, in tx: a projection
+// rebuild does so with its reset, so that the replay that follows is applied
+// rather than skipped as duplicates.
+func ResetDedupTx(ctx context.Context, tx *sqlx.Tx, prefix string) error {
+	if prefix == "" {
+		return errors.New("reset dedup keys: prefix is required")
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM catalog.processed_messages WHERE starts_with(key, $1)`, prefix)
+	if err != nil {
+		return fmt.Errorf("reset dedup keys: %w", err)
+	}
+	return nil
+}
+
 // CleanupDedupKeys deletes dedup keys older than retention, so that
 // catalog.processed_messages does not grow without bound. A redelivery older
 // than the retention is still harmless: the per-purchase version guard skips

@@ -17,7 +17,7 @@ import (
 	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
-	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // catalogDB is a migrated database of the test's own with the dedup table
@@ -112,7 +112,7 @@ func kafkaPublisher(t *testing.T, marshaler kafka.Marshaler) message.Publisher {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               testenv.Brokers(t),
 		Marshaler:             marshaler,
-		OverwriteSaramaConfig: router.DurableProducerConfig("test"),
+		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("test"),
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
@@ -124,7 +124,7 @@ func kafkaPublisher(t *testing.T, marshaler kafka.Marshaler) message.Publisher {
 func runConsumer(t *testing.T, topic string, h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) {
 	t.Helper()
 	cfg := kafka.DefaultSaramaSubscriberConfig()
-	cfg.Version = router.KafkaVersion
+	cfg.Version = kafkakit.KafkaVersion
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               testenv.Brokers(t),

@@ -31,6 +31,10 @@ const (
 	HeaderOriginalPartition = "x-original-partition"
 	// HeaderOriginalOffset is the source record's Kafka offset.
 	HeaderOriginalOffset = "x-original-offset"
+	// HeaderDLQReplayCount is how many times the DLQ replay forwarded the
+	// record; the replay increments it and parks records at its limit, and a
+	// dead letter keeps it because every original header is kept.
+	HeaderDLQReplayCount = "x-dlq-replay-count"
 )
 
 // maxReasonBytes bounds x-dlq-reason: a contract error joins every violation of

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -75,11 +76,19 @@ type RetryConfig struct {
 	// Close, when closed, stops an infrastructure retry like the end of the
 	// message context does. Optional.
 	Close <-chan struct{}
+	// Session, if set, returns the context of the consumer-group session that
+	// delivered a message (Claims.Session), or nil. When that session ends
+	// (a rebalance took the partition away), the attempt under way is
+	// cancelled and the retry yields: the message is acked without its offset
+	// being committed, so the partition's next owner reads it again.
+	Session func(*message.Message) context.Context
 	// Logger receives one WARN "retrying" record per retry. Defaults to slog.Default().
 	Logger *slog.Logger
 	// OnRetry, if set, is called once before every retry (for
 	// catalog_promotion_retries_total); kind is RetryConflict or RetryInfrastructure.
 	OnRetry func(msg *message.Message, kind string, attempt int, delay time.Duration, err error)
+	// OnYield, if set, is called when a retry yields a revoked partition.
+	OnYield func(msg *message.Message)
 }
 
 func (c *RetryConfig) setDefaults() {
@@ -118,6 +127,10 @@ func (c RetryConfig) Validate() error {
 //     without end and never becomes Permanent. The message stays in flight,
 //     which pauses its partition. When the message context ends or Close is
 //     closed, the last error is returned so the message is nacked, not dead-lettered.
+//
+// When the partition is revoked (see RetryConfig.Session), no retry outlives
+// it: Retry yields, and data correctness rests, as ever, on dedup and the
+// version guard when the next owner applies the message.
 func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -125,10 +138,11 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			sess := cfg.session(msg)
 			conflicts, infra := 0, 0
 			delay := cfg.InitialInterval
 			for {
-				out, err := h(msg)
+				out, err := attempt(h, msg, sess)
 				if err == nil {
 					return out, nil
 				}
@@ -142,8 +156,11 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				}
 				ctx := msg.Context()
 				if ctx.Err() != nil {
-					// Shutting down or the partition was taken away: nack, never DLQ.
+					// Shutting down: nack, never DLQ.
 					return nil, err
+				}
+				if sess.Err() != nil {
+					return cfg.yield(msg, err)
 				}
 				if cfg.IsConflict(err) {
 					if conflicts >= cfg.ConflictRetries {
@@ -169,11 +186,48 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				case <-cfg.Close:
 					timer.Stop()
 					return nil, err
+				case <-sess.Done():
+					timer.Stop()
+					return cfg.yield(msg, err)
 				}
 				delay = min(time.Duration(float64(delay)*cfg.Multiplier), cfg.MaxInterval)
 			}
 		}
 	}, nil
+}
+
+// attempt runs the chain once, on a context that also ends with the session.
+func attempt(h message.HandlerFunc, msg *message.Message, sess context.Context) ([]*message.Message, error) {
+	parent := msg.Context()
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	defer context.AfterFunc(sess, cancel)()
+	msg.SetContext(ctx)
+	defer msg.SetContext(parent)
+	return h(msg)
+}
+
+// session is the message's consumer-group session, or a context that never ends.
+func (c RetryConfig) session(msg *message.Message) context.Context {
+	if c.Session != nil {
+		if s := c.Session(msg); s != nil {
+			return s
+		}
+	}
+	return context.Background()
+}
+
+// yield gives the message up to the partition's next owner: nil makes the
+// router ack it, and the subscriber commits no offset for a session that ended.
+func (c RetryConfig) yield(msg *message.Message, err error) ([]*message.Message, error) {
+	c.Logger.WarnContext(msg.Context(), "partition revoked during retry; left to its next owner",
+		"MessageId", msg.UUID,
+		"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID),
+		"error", err.Error())
+	if c.OnYield != nil {
+		c.OnYield(msg)
+	}
+	return nil, nil
 }
 
 func (c RetryConfig) retrying(msg *message.Message, kind string, attempt int, delay time.Duration, err error) {

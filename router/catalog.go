@@ -17,15 +17,12 @@ import (
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/dlqreplay"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
-// Catalog topic and group names.
-const (
-	// CatalogConsumerGroup is the Promotion Boost consumer's group.
-	CatalogConsumerGroup = "pin-catalog-promotion-boost"
-	// ReplayTopicDefault carries DLQ replays; only the catalog consumer reads it.
-	ReplayTopicDefault = "pin.catalog.promotion-boost-replay.v1"
-)
+// CatalogConsumerGroup is the Promotion Boost consumer's group.
+const CatalogConsumerGroup = "pin-catalog-promotion-boost"
 
 // CatalogConfig wires the catalog router.
 type CatalogConfig struct {
@@ -36,7 +33,7 @@ type CatalogConfig struct {
 	Enabled bool
 	// Topic is the purchase-changed topic. Defaults to event.Topic.
 	Topic string
-	// ReplayTopic is where DLQ replays arrive. Defaults to ReplayTopicDefault.
+	// ReplayTopic is where DLQ replays arrive. Defaults to dlqreplay.ReplayTopicDefault.
 	ReplayTopic string
 	// DLQTopic is the dead-letter topic. Defaults to middleware.DLQTopicDefault.
 	DLQTopic string
@@ -52,7 +49,7 @@ type CatalogConfig struct {
 
 func (c *CatalogConfig) setDefaults() {
 	c.Topic = cmp.Or(c.Topic, event.Topic)
-	c.ReplayTopic = cmp.Or(c.ReplayTopic, ReplayTopicDefault)
+	c.ReplayTopic = cmp.Or(c.ReplayTopic, dlqreplay.ReplayTopicDefault)
 	c.DLQTopic = cmp.Or(c.DLQTopic, middleware.DLQTopicDefault)
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
 	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
@@ -67,6 +64,18 @@ func (c CatalogConfig) Validate() error {
 		return errors.New("kafka brokers are required")
 	}
 	return nil
+}
+
+// CatalogChain is the consumer chain without the poison queue, for a
+// projection rebuild run outside a catalog process: retry → contract version →
+// unit of work → dedup → handler.
+func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, error) {
+	cfg.setDefaults()
+	inner, err := innerChain(db, m, log, cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	return chain(consume(m, log), inner...), nil
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion
@@ -93,7 +102,8 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	}
 	c := &Catalog{Router: r, enabled: cfg.Enabled}
 
-	inner, err := innerChain(db, m, log, cfg)
+	claims := middleware.NewClaims()
+	inner, err := innerChain(db, m, log, cfg, claims)
 	if err != nil {
 		return nil, err
 	}
@@ -103,10 +113,12 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		return c, nil
 	}
 
+	// A dead letter keeps its record's key, so the dead letters of one
+	// purchase share a partition and a replay keeps their order.
 	dlq, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               cfg.Brokers,
-		Marshaler:             kafka.NewWithPartitioningMarshaler(middleware.DLQPartitionKey),
-		OverwriteSaramaConfig: DurableProducerConfig("promoflow-catalog-dlq"),
+		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
+		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-catalog-dlq"),
 	}, wlog)
 	if err != nil {
 		return nil, fmt.Errorf("dlq publisher: %w", err)
@@ -123,7 +135,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
 	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + "-replay"} {
-		sub, err := NewConsumerGroupSubscriber(cfg.Brokers, group, wlog)
+		sub, err := NewConsumerGroupSubscriber(cfg.Brokers, group, wlog, claims.Tracer())
 		if err != nil {
 			return nil, err
 		}
@@ -146,11 +158,12 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 }
 
 // innerChain is retry → contract version → unit of work → dedup.
-func innerChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) ([]message.HandlerMiddleware, error) {
+func innerChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims) ([]message.HandlerMiddleware, error) {
 	retry, err := middleware.Retry(middleware.RetryConfig{
 		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
 		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
 		OnRetry: func(*message.Message, string, int, time.Duration, error) { m.Retries.Inc() },
+		Session: claims.Session,
 	})
 	if err != nil {
 		return nil, err
@@ -180,15 +193,16 @@ func chain(h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) mes
 }
 
 // NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
-// starts from the earliest offset when the group has none.
-func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermill.LoggerAdapter) (*kafka.Subscriber, error) {
-	sc := ClientConfig("promoflow-" + group)
+// starts from the earliest offset when the group has none. tracer may be nil.
+func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermill.LoggerAdapter, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
+	sc := kafkakit.ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
 		NackResendSleep: time.Second,
+		Tracer:          tracer,
 	}, wlog)
 	if err != nil {
 		return nil, fmt.Errorf("kafka subscriber %s: %w", group, err)

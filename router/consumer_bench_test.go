@@ -12,6 +12,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/catalogtest"
 )
 
 // consumerEvents is how many events each side of the benchmark applies.
@@ -32,13 +33,13 @@ func BenchmarkConsumer(b *testing.B) {
 
 		kc := newConsumerBench(b)
 		for i := 0; i < len(kc.msgs); i += 500 {
-			require.NoError(b, kc.c.pub.Publish(kc.c.cfg.Topic, kc.msgs[i:min(i+500, len(kc.msgs))]...))
+			require.NoError(b, kc.c.Pub.Publish(kc.c.Cfg.Topic, kc.msgs[i:min(i+500, len(kc.msgs))]...))
 		}
 		start = time.Now()
-		kc.c.start(b)
-		kc.c.waitConsumedTB(b, consumerEvents, 5*time.Minute)
+		kc.c.Start(b)
+		kc.c.WaitConsumed(b, consumerEvents, 5*time.Minute)
 		consumerSecs += time.Since(start).Seconds()
-		require.Equal(b, cardBoostsTB(b, raw.c), rebased(cardBoostsTB(b, kc.c), kc.ids, raw.ids), "both sides end in the same state")
+		require.Equal(b, raw.c.CardBoosts(b), rebased(kc.c.CardBoosts(b), kc.ids, raw.ids), "both sides end in the same state")
 	}
 	rawRate := float64(consumerEvents*b.N) / rawSecs
 	consumerRate := float64(consumerEvents*b.N) / consumerSecs
@@ -48,7 +49,7 @@ func BenchmarkConsumer(b *testing.B) {
 }
 
 type consumerBench struct {
-	c    *catalogBundle
+	c    *catalogtest.Bundle
 	evs  []event.PurchaseChanged
 	msgs []*message.Message
 	ids  []uuid.UUID // cards in creation order
@@ -57,22 +58,22 @@ type consumerBench struct {
 // newConsumerBench makes a database with 50 projects of 20 published objects
 // and a history of events over them (activations, then some expiries).
 func newConsumerBench(b *testing.B) *consumerBench {
-	cb := &consumerBench{c: newCatalogBundle(b, true)}
+	cb := &consumerBench{c: catalogtest.New(b, true)}
 	var objects [][2]uuid.UUID
 	for range 50 {
 		p := uuid.New()
-		cb.c.projectCard(b, p)
+		cb.c.ProjectCard(b, p)
 		cb.ids = append(cb.ids, p)
 		for range 20 {
 			o := uuid.New()
-			cb.c.objectCard(b, o, p, true)
+			cb.c.ObjectCard(b, o, p, true)
 			cb.ids = append(cb.ids, o)
 			objects = append(objects, [2]uuid.UUID{p, o})
 		}
 	}
 	for i := range consumerEvents {
 		pair := objects[(i*7919)%len(objects)]
-		ev := purchaseEvent(event.StatusActive, 1, 1+i%100, target(event.TargetProject, pair[0]), target(event.TargetPropertyObject, pair[1]))
+		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%100, catalogtest.Target(event.TargetProject, pair[0]), catalogtest.Target(event.TargetPropertyObject, pair[1]))
 		cb.evs = append(cb.evs, ev)
 		msg, err := event.NewMessage(ev, "bench", time.Now())
 		require.NoError(b, err)
@@ -90,7 +91,7 @@ func (cb *consumerBench) applyRaw(b *testing.B, workers int) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(cb.evs); i += workers {
-				tx, err := cb.c.db.BeginTxx(ctx, nil)
+				tx, err := cb.c.DB.BeginTxx(ctx, nil)
 				if err == nil {
 					_, err = tx.ExecContext(ctx, `INSERT INTO catalog.processed_messages (key) VALUES ($1)`,
 						"catalog-promotion:purchase-changed:"+cb.msgs[i].UUID)

@@ -19,6 +19,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // PromotionConfig wires the promotion router.
@@ -132,7 +133,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               cfg.Brokers,
 		Marshaler:             kafka.NewWithPartitioningMarshaler(event.PartitionKey),
-		OverwriteSaramaConfig: DurableProducerConfig("promoflow-promotion-relay"),
+		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-promotion-relay"),
 	}, wlog)
 	if err != nil {
 		return fmt.Errorf("kafka publisher: %w", err)

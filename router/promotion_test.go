@@ -1,7 +1,6 @@
 package router_test
 
 import (
-	"context"
 	"log/slog"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/catalogtest"
 )
 
 type promotionBundle struct {
@@ -45,7 +45,7 @@ func (b *promotionBundle) start(t testing.TB, interval time.Duration) {
 		OutboxPollInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
-	runUntilCleanup(t, p.Run, p.Router.IsRunning)
+	catalogtest.RunUntilCleanup(t, p.Run, p.Router.IsRunning)
 }
 
 func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {
@@ -136,7 +136,7 @@ func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *test
 		return n == 0
 	}, time.Minute, 50*time.Millisecond, "relayed rows are cleaned up")
 	msgs := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(due) })
-	require.Equal(t, len(due), int(topicSize(t, b.topic)), "no extra record on the topic")
+	require.Equal(t, len(due), int(catalogtest.TopicSize(t, b.topic)), "no extra record on the topic")
 	for _, m := range msgs {
 		perPurchase[string(m.Key)]++
 	}
@@ -161,39 +161,4 @@ func TestPromotion_MetricsReportCyclesAndOutbox(t *testing.T) {
 		return testutil.ToFloat64(b.metrics.OutboxCleaned) == 4 && testutil.ToFloat64(b.metrics.OutboxBacklog) == 0
 	}, 30*time.Second, 20*time.Millisecond)
 	require.Zero(t, testutil.ToFloat64(b.metrics.Backlog))
-}
-
-// topicSize sums the high-water marks of every partition.
-func topicSize(t *testing.T, topic string) int64 {
-	client, err := sarama.NewClient(testenv.Brokers(t), router.ClientConfig("promoflow-test"))
-	require.NoError(t, err)
-	defer client.Close()
-	parts, err := client.Partitions(topic)
-	require.NoError(t, err)
-	var total int64
-	for _, p := range parts {
-		off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		require.NoError(t, err)
-		total += off
-	}
-	return total
-}
-
-// runUntilCleanup runs a router until the test ends, after it is ready, and
-// checks that it stops cleanly.
-func runUntilCleanup(t testing.TB, run func(context.Context) error, ready func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(45 * time.Second):
-			t.Error("router did not stop within 45s")
-		}
-	})
-	require.Eventually(t, ready, 30*time.Second, 10*time.Millisecond, "router did not start")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/catalogtest"
 )
 
 // spans records every span the package's tests make.
@@ -60,9 +61,9 @@ func TestTracing_CycleAndPublishSpansShareTheRunID(t *testing.T) {
 
 func TestTracing_ConsumerReceiveProcessStoreSpansCarryTheCorrelationID(t *testing.T) {
 	b := setupCatalog(t, true)
-	b.start(t)
-	ev := purchaseEvent(event.StatusActive, 1, 10, target(event.TargetProject, uuid.New()))
-	msg := b.produce(t, ev) // correlation id "test" is shared; tell spans apart by message id
+	b.Start(t)
+	ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 10, catalogtest.Target(event.TargetProject, uuid.New()))
+	msg := b.Produce(t, ev) // correlation id "test" is shared; tell spans apart by message id
 	var receive sdktrace.ReadOnlySpan
 	require.Eventually(t, func() bool {
 		for _, s := range endedSpans("catalog.promotion.receive", "test") {

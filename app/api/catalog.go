@@ -14,7 +14,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/boost"
-	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/rebuild"
 )
 
 // Catalog serves the card feed (as the chessboard context would call it), the
@@ -23,10 +24,9 @@ type Catalog struct {
 	DB *sqlx.DB
 	// AdminToken guards the feed and the rebuild. Empty refuses them all.
 	AdminToken string
-	Rebuilder  *router.Rebuilder
-	// Ctx bounds background work (the rebuild): the process's lifetime.
-	Ctx context.Context
-	Log *slog.Logger
+	// Rebuilder runs the projection rebuild; the process stops it at exit.
+	Rebuilder *rebuild.Rebuilder
+	Log       *slog.Logger
 }
 
 // Register mounts the routes on mux.
@@ -216,11 +216,14 @@ func (h *Catalog) listObjects(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string][]PropertyObjectCard{"items": out})
 }
 
-func (h *Catalog) startRebuild(w http.ResponseWriter, _ *http.Request) {
-	st, err := h.Rebuilder.Start(h.Ctx)
+func (h *Catalog) startRebuild(w http.ResponseWriter, r *http.Request) {
+	st, err := h.Rebuilder.Start(r.Context())
+	var incomplete *rebuild.IncompleteError
 	switch {
-	case errors.Is(err, router.ErrRebuildRunning):
+	case errors.Is(err, rebuild.ErrRunning):
 		writeError(w, http.StatusConflict, "rebuild_running", err.Error())
+	case errors.As(err, &incomplete), errors.Is(err, bounded.ErrNoTopic):
+		writeError(w, http.StatusConflict, "rebuild_refused", err.Error())
 	case err != nil:
 		h.Log.Error("projection rebuild did not start", "error", err.Error())
 		writeError(w, http.StatusInternalServerError, "internal", "the rebuild did not start: "+err.Error())
@@ -229,8 +232,13 @@ func (h *Catalog) startRebuild(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-func (h *Catalog) rebuildStatus(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, h.Rebuilder.Status())
+func (h *Catalog) rebuildStatus(w http.ResponseWriter, r *http.Request) {
+	st, err := h.Rebuilder.Status(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
 }
 
 func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {

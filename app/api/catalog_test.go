@@ -1,19 +1,19 @@
 package api_test
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/app/api"
 	"github.com/promoflow/promoflow/app/testenv"
-	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/rebuild"
 )
 
 func setupCatalogAPI(t *testing.T) apiBundle {
@@ -22,9 +22,11 @@ func setupCatalogAPI(t *testing.T) apiBundle {
 	db := testenv.DB(t)
 	mux := http.NewServeMux()
 	log := slog.New(slog.DiscardHandler)
-	rb := &router.Rebuilder{DB: db, Brokers: testenv.Brokers(t), Topics: []string{testenv.Topic(t, 1)},
-		Chain: nil, Log: log}
-	(&api.Catalog{DB: db, AdminToken: "admin", Rebuilder: rb, Ctx: context.Background(), Log: log}).Register(mux)
+	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: testenv.Brokers(t), Topic: testenv.Topic(t, 1), Log: log,
+		Chain: func(*message.Message) ([]*message.Message, error) { return nil, nil }})
+	require.NoError(t, err)
+	t.Cleanup(rb.Stop)
+	(&api.Catalog{DB: db, AdminToken: "admin", Rebuilder: rb, Log: log}).Register(mux)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return apiBundle{db: db, srv: srv}

@@ -18,7 +18,7 @@ import (
 	_ "github.com/lib/pq" // PostgreSQL driver
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/sqlmigrate"
 )
 
@@ -79,21 +79,30 @@ func Brokers(t testing.TB) []string {
 	return strings.Split(mustEnv(t, "KAFKA_BROKERS"), ",")
 }
 
-// Topic creates a topic of the test's own with the given partitions.
+// Topic creates a topic of the test's own with the given partitions and the
+// broker's default cleanup policy (delete).
 func Topic(t testing.TB, partitions int32) string {
 	t.Helper()
-	name := "pf-test-" + RandomSuffix()
-	require.NoError(t, router.EnsureTopics(Brokers(t), partitions, 1, name))
-	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
-	waitForLeaders(t, name, partitions)
-	return name
+	return TopicWith(t, kafkakit.Topic{Partitions: partitions})
+}
+
+// TopicWith creates a topic of the test's own as spec says; its name and a
+// replication of 1 are filled in.
+func TopicWith(t testing.TB, spec kafkakit.Topic) string {
+	t.Helper()
+	spec.Name = "pf-test-" + RandomSuffix()
+	spec.Replication = 1
+	require.NoError(t, kafkakit.EnsureTopics(Brokers(t), spec))
+	t.Cleanup(func() { deleteTopic(Brokers(t), spec.Name) })
+	waitForLeaders(t, spec.Name, spec.Partitions)
+	return spec.Name
 }
 
 // waitForLeaders waits until every partition of a new topic has a leader that
 // serves it; a fresh broker may answer NotLeaderForPartition for a moment.
 func waitForLeaders(t testing.TB, topic string, partitions int32) {
 	t.Helper()
-	client, err := sarama.NewClient(Brokers(t), router.ClientConfig("promoflow-test"))
+	client, err := sarama.NewClient(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer client.Close()
 	require.Eventually(t, func() bool {
@@ -112,7 +121,7 @@ func waitForLeaders(t testing.TB, topic string, partitions int32) {
 // deleteTopic removes a test's topic, best effort, so that test runs do not
 // fill the broker's disk.
 func deleteTopic(brokers []string, name string) {
-	admin, err := sarama.NewClusterAdmin(brokers, router.ClientConfig("promoflow-test"))
+	admin, err := sarama.NewClusterAdmin(brokers, kafkakit.ClientConfig("promoflow-test"))
 	if err != nil {
 		return
 	}
@@ -124,7 +133,7 @@ func deleteTopic(brokers []string, name string) {
 // returns true for what has arrived, or fails the test after timeout.
 func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*sarama.ConsumerMessage) bool) []*sarama.ConsumerMessage {
 	t.Helper()
-	consumer, err := sarama.NewConsumer(Brokers(t), router.ClientConfig("promoflow-test"))
+	consumer, err := sarama.NewConsumer(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer consumer.Close()
 	parts, err := consumer.Partitions(topic)

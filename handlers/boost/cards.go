@@ -168,9 +168,8 @@ func ListPropertyObjectCards(ctx context.Context, q sqlx.QueryerContext, project
 }
 
 // ResetTx empties the projection for a rebuild, in tx: it deletes every
-// contribution, sets every card's boost to 0 and forgets the consumer's dedup
-// marks, so that the replay of the topic that follows is applied rather than
-// skipped as duplicates. Card data other than the boost is kept.
+// contribution and sets every card's boost to 0. Card data other than the
+// boost is kept. The caller forgets the consumer's dedup marks in the same tx.
 func ResetTx(ctx context.Context, tx *sqlx.Tx) error {
 	// EXCLUSIVE waits for in-flight events that wrote contributions and holds
 	// new ones back until commit, so none lands half on each side of the
@@ -179,8 +178,7 @@ func ResetTx(ctx context.Context, tx *sqlx.Tx) error {
 		LOCK TABLE catalog.promotion_contributions IN EXCLUSIVE MODE;
 		DELETE FROM catalog.promotion_contributions;
 		UPDATE catalog.project_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;
-		UPDATE catalog.property_object_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;
-		DELETE FROM catalog.processed_messages WHERE key LIKE 'catalog-promotion:purchase-changed:%';`)
+		UPDATE catalog.property_object_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;`)
 	if err != nil {
 		return wrap("reset projection", err)
 	}

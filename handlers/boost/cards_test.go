@@ -96,7 +96,7 @@ func TestListPropertyObjectCards_ListsOneProjectsObjects(t *testing.T) {
 	}
 }
 
-func TestResetTx_ClearsContributionsBoostsAndDedupMarksOnly(t *testing.T) {
+func TestResetTx_ClearsContributionsAndBoostsOnly(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	project := b.newProject(t)
@@ -117,6 +117,6 @@ func TestResetTx_ClearsContributionsBoostsAndDedupMarksOnly(t *testing.T) {
 	require.Zero(t, after.PromotionBoost)
 	before.PromotionBoost, before.UpdatedAt = 0, after.UpdatedAt
 	require.Equal(t, before, after, "card data other than the boost is kept")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM catalog.processed_messages`),
-		"only this consumer's dedup marks are forgotten, so that the replay is applied")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM catalog.processed_messages`),
+		"dedup marks belong to the dedup middleware's reset")
 }

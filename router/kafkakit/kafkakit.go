@@ -1,8 +1,9 @@
-package router
+// Package kafkakit is what every Kafka client of promoflow shares: the Sarama
+// configurations, the topics and their settings, and the marshaler that keeps
+// a record's key when a message is copied to another topic.
+package kafkakit
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -32,24 +33,4 @@ func DurableProducerConfig(clientID string) *sarama.Config {
 	c.Producer.Retry.Backoff = 250 * time.Millisecond
 	c.Metadata.Retry.Backoff = time.Second
 	return c
-}
-
-// EnsureTopics creates the topics that do not exist yet.
-func EnsureTopics(brokers []string, partitions int32, replication int16, topics ...string) error {
-	admin, err := sarama.NewClusterAdmin(brokers, ClientConfig("promoflow-admin"))
-	if err != nil {
-		return fmt.Errorf("connect kafka admin: %w", err)
-	}
-	defer admin.Close()
-	for _, topic := range topics {
-		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: replication}, false)
-		var te *sarama.TopicError
-		if errors.As(err, &te) && te.Err == sarama.ErrTopicAlreadyExists {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("create topic %s: %w", topic, err)
-		}
-	}
-	return nil
 }

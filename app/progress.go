@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/promoflow/promoflow/router/bounded"
+)
+
+// progressLogEvery is how often long work logs its progress without a terminal.
+const progressLogEvery = 5 * time.Second
+
+// showProgress follows long work until the returned stop is called: a
+// progress bar of offsets on a terminal (stderr), a log record every few
+// seconds otherwise.
+func showProgress(ctx context.Context, what string, counts func() (bounded.Counts, bool), log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if term.IsTerminal(int(os.Stderr.Fd())) {
+		wg.Go(func() { drawBar(ctx, what, counts) })
+	} else {
+		wg.Go(func() { logProgress(ctx, what, counts, log) })
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+func drawBar(ctx context.Context, what string, counts func() (bounded.Counts, bool)) {
+	bar := progressbar.NewOptions64(-1, progressbar.OptionSetWriter(os.Stderr), progressbar.OptionSetDescription(what),
+		progressbar.OptionShowCount(), progressbar.OptionSetItsString("offsets"), progressbar.OptionShowIts(),
+		progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if c, ok := counts(); ok {
+			if c.OffsetsTotal > 0 && bar.GetMax64() != c.OffsetsTotal {
+				bar.ChangeMax64(c.OffsetsTotal)
+			}
+			_ = bar.Set64(c.OffsetsDone)
+		}
+		select {
+		case <-ctx.Done():
+			_ = bar.Finish()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func logProgress(ctx context.Context, what string, counts func() (bounded.Counts, bool), log *slog.Logger) {
+	t := time.NewTicker(progressLogEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if c, ok := counts(); ok {
+				log.Info(what+" progress", "offsetsDone", c.OffsetsDone, "offsetsTotal", c.OffsetsTotal,
+					"read", c.Read, "matched", c.Matched, "replayed", c.Replayed, "parked", c.Parked, "skipped", c.Skipped)
+			}
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/rebuild"
+)
+
+// runRebuild rebuilds the PromotionBoost projection from the command line,
+// as POST /admin/projections/rebuild does in a catalog process: one rebuild at
+// a time in the whole cluster, catalog processes may keep consuming.
+func runRebuild(ctx context.Context, args []string) error {
+	var (
+		common commonConfig
+		topic  string
+		status bool
+	)
+	s := newSettings("rebuild", "Rebuilds the PromotionBoost projection: resets contributions and card boosts, then replays the\n"+
+		"purchase topic (a compacted changelog) from its earliest offset. It refuses, changing nothing, when the\n"+
+		"topic no longer holds every purchase. Catalog processes may keep running. --status prints the newest rebuild.")
+	common.registerStores(s)
+	s.str(&topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
+	s.bool(&status, "status", "REBUILD_STATUS", false, "print the newest rebuild's state as JSON and exit")
+	if err := s.parse(args); err != nil {
+		return err
+	}
+	if err := common.validate(); err != nil {
+		return err
+	}
+	log := newLoggerTo(os.Stderr, common.LogLevel, "rebuild")
+	db, err := openDB(ctx, common, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	brokers := splitList(common.KafkaBrokers)
+	metrics, err := router.NewCatalogMetrics(prometheus.NewRegistry())
+	if err != nil {
+		return err
+	}
+	chain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Brokers: brokers, Topic: topic})
+	if err != nil {
+		return err
+	}
+	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: topic, Chain: chain, Log: log})
+	if err != nil {
+		return err
+	}
+	if status {
+		st, err := rb.Status(ctx)
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	start := time.Now()
+	stop := showProgress(ctx, "rebuild", rb.Live, log)
+	st, err := rb.Run(ctx)
+	stop()
+	c := bounded.Counts{Read: st.Read, Matched: st.Read, Replayed: st.Applied, Skipped: st.Skipped}
+	fmt.Fprintf(os.Stdout, "rebuild %s %s: %s\n", st.ID, st.State, c.Summary(time.Since(start)))
+	return err
+}

@@ -1,0 +1,224 @@
+// Package catalogtest runs the catalog router against the real PostgreSQL and
+// Kafka of the test environment, for the tests of the router and of the
+// operator tools around it (rebuild, DLQ replay). Each bundle has its own
+// database, topics and consumer group.
+package catalogtest
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/kafkakit"
+)
+
+// Bundle is one catalog under test.
+type Bundle struct {
+	DB      *sqlx.DB
+	Cfg     router.CatalogConfig
+	Metrics *router.CatalogMetrics
+	Catalog *router.Catalog
+	// Pub publishes to the bundle's topics, keyed by PurchaseId.
+	Pub *kafka.Publisher
+}
+
+// New makes a bundle: a migrated database, a compacted purchase topic of 3
+// partitions (as production creates it), a replay topic and a DLQ.
+func New(t testing.TB, enabled bool) *Bundle {
+	t.Helper()
+	b := &Bundle{
+		DB: testenv.DB(t),
+		Cfg: router.CatalogConfig{
+			Brokers: testenv.Brokers(t), Enabled: enabled,
+			Topic:       testenv.TopicWith(t, kafkakit.Topic{Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact}),
+			ReplayTopic: testenv.Topic(t, 1), DLQTopic: testenv.Topic(t, 1),
+			ConsumerGroup: "pf-test-catalog-" + testenv.RandomSuffix(),
+			RetryInitial:  10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		},
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: b.Cfg.Brokers, Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey),
+		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("test-producer"),
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	b.Pub = pub
+	return b
+}
+
+// Start runs the catalog router until the test ends.
+func (b *Bundle) Start(t testing.TB) {
+	t.Helper()
+	m, err := router.NewCatalogMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	b.Metrics = m
+	c, err := router.NewCatalog(b.DB, m, slog.New(slog.DiscardHandler), b.Cfg)
+	require.NoError(t, err)
+	b.Catalog = c
+	RunUntilCleanup(t, c.Run, c.Ready)
+}
+
+// Produce publishes ev to the purchase topic as the relay would and returns its message.
+func (b *Bundle) Produce(t testing.TB, ev event.PurchaseChanged) *message.Message {
+	t.Helper()
+	msg, err := event.NewMessage(ev, "test", time.Now())
+	require.NoError(t, err)
+	require.NoError(t, b.Pub.Publish(b.Cfg.Topic, msg))
+	return msg
+}
+
+// ProduceRaw publishes bytes with the contract headers, keyed by key.
+func (b *Bundle) ProduceRaw(t testing.TB, key string, payload []byte) *message.Message {
+	t.Helper()
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.Metadata.Set(event.HeaderContractVersion, event.ContractVersion)
+	msg.Metadata.Set(event.HeaderAggregateID, key)
+	msg.Metadata.Set(event.HeaderCorrelationID, "test")
+	require.NoError(t, b.Pub.Publish(b.Cfg.Topic, msg))
+	return msg
+}
+
+// ProjectCard upserts a project card through the feed.
+func (b *Bundle) ProjectCard(t testing.TB, id uuid.UUID) {
+	t.Helper()
+	tx := b.DB.MustBegin()
+	price := "1000000"
+	require.NoError(t, boost.UpsertProjectCardTx(context.Background(), tx, boost.ProjectCard{ID: id, Title: "P",
+		Status: "Published", Visibility: "Visible", MinPrice: &price, PropertyObjectsAvailable: 3, Payback: &price}))
+	require.NoError(t, tx.Commit())
+}
+
+// ObjectCard upserts a property-object card through the feed.
+func (b *Bundle) ObjectCard(t testing.TB, id, project uuid.UUID, published bool) {
+	t.Helper()
+	tx := b.DB.MustBegin()
+	price := "250000"
+	require.NoError(t, boost.UpsertPropertyObjectCardTx(context.Background(), tx, boost.PropertyObjectCard{
+		ID: id, ProjectID: project, Published: published, Status: "OnSale", Price: &price}))
+	require.NoError(t, tx.Commit())
+}
+
+// BoostOf is a card's boost, or -1 when there is no such card.
+func (b *Bundle) BoostOf(kind event.TargetKind, id uuid.UUID) int {
+	var n int
+	table := "catalog.project_cards"
+	if kind == event.TargetPropertyObject {
+		table = "catalog.property_object_cards"
+	}
+	if err := b.DB.Get(&n, `SELECT promotion_boost FROM `+table+` WHERE id = $1`, id); err != nil {
+		return -1
+	}
+	return n
+}
+
+// WaitBoost waits until a card's boost is want.
+func (b *Bundle) WaitBoost(t testing.TB, kind event.TargetKind, id uuid.UUID, want int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return b.BoostOf(kind, id) == want }, 30*time.Second, 10*time.Millisecond,
+		"%s %s: want boost %d, have %d", kind, id, want, b.BoostOf(kind, id))
+}
+
+// Consumed is how many events the consumer handled, whatever the outcome.
+func (b *Bundle) Consumed() float64 {
+	var sum float64
+	for _, o := range []string{"applied", "stale", "duplicate", "post_only"} {
+		sum += testutil.ToFloat64(b.Metrics.Consumed.WithLabelValues(o))
+	}
+	return sum
+}
+
+// WaitConsumed waits until n events were handled (any outcome).
+func (b *Bundle) WaitConsumed(t testing.TB, n float64, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool { return b.Consumed() >= n }, timeout, 10*time.Millisecond,
+		"consumed %v of %v", b.Consumed(), n)
+}
+
+// CardBoosts maps every card to its boost.
+func (b *Bundle) CardBoosts(t testing.TB) map[uuid.UUID]int {
+	t.Helper()
+	var rows []struct {
+		ID    uuid.UUID `db:"id"`
+		Boost int       `db:"promotion_boost"`
+	}
+	require.NoError(t, b.DB.Select(&rows, `SELECT id, promotion_boost FROM catalog.project_cards
+		UNION ALL SELECT id, promotion_boost FROM catalog.property_object_cards`))
+	out := map[uuid.UUID]int{}
+	for _, r := range rows {
+		out[r.ID] = r.Boost
+	}
+	return out
+}
+
+// PurchaseEvent is a snapshot of a new purchase, valid for an hour.
+func PurchaseEvent(status event.Status, version int64, weight int, targets ...event.Target) event.PurchaseChanged {
+	return event.PurchaseChanged{PurchaseId: uuid.New(), TenantId: uuid.New(), PackageKind: "Top", Targets: targets,
+		BoostWeight: weight, Status: status, PaymentStatus: "NotRequired",
+		StartsAt: time.Now().Add(-time.Hour).UTC(), EndsAt: time.Now().Add(time.Hour).UTC(), Version: version}
+}
+
+// Target is one promoted entity.
+func Target(kind event.TargetKind, id uuid.UUID) event.Target {
+	return event.Target{TargetKind: kind, TargetId: id}
+}
+
+// TopicSize sums the high-water marks of every partition of topic.
+func TopicSize(t testing.TB, topic string) int64 {
+	t.Helper()
+	var total int64
+	for _, n := range PartitionSizes(t, topic) {
+		total += n
+	}
+	return total
+}
+
+// PartitionSizes maps every partition of topic to its high-water mark.
+func PartitionSizes(t testing.TB, topic string) map[int32]int64 {
+	t.Helper()
+	client, err := sarama.NewClient(testenv.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	require.NoError(t, err)
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	require.NoError(t, err)
+	out := make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		require.NoError(t, err)
+		out[p] = off
+	}
+	return out
+}
+
+// RunUntilCleanup runs a router until the test ends, after it is ready, and
+// checks that it stops cleanly.
+func RunUntilCleanup(t testing.TB, run func(context.Context) error, ready func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(45 * time.Second):
+			t.Error("router did not stop within 45s")
+		}
+	})
+	require.Eventually(t, ready, 30*time.Second, 10*time.Millisecond, "router did not start")
+}

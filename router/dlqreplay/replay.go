@@ -1,0 +1,237 @@
+// Package dlqreplay replays the Promotion Boost DLQ to the catalog-only
+// replay topic with a Watermill forwarder, and lists what the DLQ holds.
+//
+// A replay cannot amplify the DLQ, even while the consumer runs and dead-
+// letters a replayed record again: it reads each partition only up to the end
+// it had when the replay began, every forwarded record carries an incremented
+// x-dlq-replay-count, and a record replayed MaxReplays times is parked (left
+// in the DLQ, counted) instead of forwarded.
+package dlqreplay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/kafkakit"
+)
+
+// ErrGroupBusy is another replay running in the same consumer group.
+var ErrGroupBusy = errors.New("another dlq-replay is running in this consumer group")
+
+// Result is what a replay did.
+type Result struct {
+	Group string
+	bounded.Counts
+	Duration time.Duration
+}
+
+// Replayer runs one replay.
+type Replayer struct {
+	cfg      Config
+	progress bounded.Progress
+}
+
+// New validates cfg (after defaults) and returns a Replayer.
+func New(cfg Config) (*Replayer, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Replayer{cfg: cfg}, nil
+}
+
+// Group is the consumer group that keeps the replay's position.
+func (r *Replayer) Group() string { return r.cfg.Group }
+
+// Progress is the replay's live progress, for a progress bar.
+func (r *Replayer) Progress() *bounded.Progress { return &r.progress }
+
+// Run replays from the group's committed position to the end each partition
+// had at the start, committing as it goes, and returns when that end is
+// reached, Max records were replayed, or ctx ended. A dry run reads the same
+// records and publishes and commits nothing.
+func (r *Replayer) Run(ctx context.Context) (Result, error) {
+	start := time.Now()
+	res := func(err error) (Result, error) {
+		return Result{Group: r.cfg.Group, Counts: r.progress.Snapshot(), Duration: time.Since(start)}, err
+	}
+	client, err := bounded.Dial(r.cfg.Brokers, "promoflow-dlq-replay")
+	if err != nil {
+		return res(err)
+	}
+	defer client.Close()
+	admin, err := client.Admin()
+	if err != nil {
+		return res(err)
+	}
+	if !r.cfg.DryRun {
+		if err := groupIdle(admin, r.cfg.Group); err != nil {
+			return res(err)
+		}
+	}
+	parts, err := client.Partitions(r.cfg.DLQTopic)
+	if err != nil {
+		return res(err)
+	}
+	if !r.cfg.DryRun {
+		if _, err := client.Partitions(r.cfg.ReplayTopic); err != nil {
+			return res(fmt.Errorf("replay topic: %w (a catalog process creates it at start)", err))
+		}
+	}
+	ranges, err := remaining(admin, r.cfg.Group, parts)
+	if err != nil {
+		return res(err)
+	}
+	r.progress.Plan(ranges)
+	r.cfg.Log.Info("dlq replay starting", "group", r.cfg.Group, "dryRun", r.cfg.DryRun,
+		"offsets", r.progress.Snapshot().OffsetsTotal, "maxReplays", r.cfg.MaxReplays)
+	if len(ranges) == 0 {
+		return res(nil)
+	}
+	if r.cfg.DryRun {
+		return res(r.dryRun(ctx, client, ranges))
+	}
+	return res(r.forward(ctx, parts, ranges))
+}
+
+// groupIdle refuses a group in which another replay runs, before joining it.
+func groupIdle(admin sarama.ClusterAdmin, group string) error {
+	desc, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil {
+		return fmt.Errorf("describe group %s: %w", group, err)
+	}
+	for _, d := range desc {
+		if len(d.Members) > 0 {
+			return fmt.Errorf("%w: group %s has %d member(s) in state %s; wait for it to finish, or give --group",
+				ErrGroupBusy, group, len(d.Members), d.State)
+		}
+	}
+	return nil
+}
+
+// remaining is, per partition, the records from the group's committed offset
+// to the partition's end now.
+func remaining(admin sarama.ClusterAdmin, group string, parts []bounded.Partition) ([]bounded.Range, error) {
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	ids := make([]int32, len(parts))
+	for i, p := range parts {
+		ids[i] = p.Partition
+	}
+	topic := parts[0].Topic
+	committed, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: ids})
+	if err != nil {
+		return nil, fmt.Errorf("offsets of group %s: %w", group, err)
+	}
+	var out []bounded.Range
+	for _, p := range parts {
+		r := p.Whole()
+		if b := committed.GetBlock(topic, p.Partition); b != nil && b.Offset > r.From {
+			r.From = b.Offset
+		}
+		if r.Len() > 0 {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// forward runs the Watermill forwarder from the group source to the replay
+// topic, keyed by each record's own key.
+func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, ranges []bounded.Range) error {
+	wlog := watermill.NewSlogLogger(r.cfg.Log)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               r.cfg.Brokers,
+		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
+		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-dlq-replay"),
+	}, wlog)
+	if err != nil {
+		return fmt.Errorf("replay publisher: %w", err)
+	}
+	defer pub.Close()
+	src := newSource(r.cfg, &r.progress, len(parts), ranges)
+	fwd, err := forwarder.NewForwarder(src, pub, wlog, forwarder.Config{
+		ForwarderTopic: r.cfg.DLQTopic,
+		Middlewares:    []message.HandlerMiddleware{r.progress.CountReplayed},
+	})
+	if err != nil {
+		return fmt.Errorf("replay forwarder: %w", err)
+	}
+	if err := fwd.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return src.err()
+}
+
+// dryRun reads the same records without the group and logs each verdict.
+func (r *Replayer) dryRun(ctx context.Context, client *bounded.Client, ranges []bounded.Range) error {
+	return client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
+		msg, err := kafka.DefaultMarshaler{}.Unmarshal(rec)
+		if err != nil {
+			return err
+		}
+		r.progress.Read.Add(1)
+		v := r.cfg.decide(msg)
+		if v == skip {
+			return nil
+		}
+		r.progress.Matched.Add(1)
+		what := "would park"
+		switch {
+		case v == park:
+			r.progress.Parked.Add(1)
+		case r.capReached():
+			return nil
+		default:
+			// In a dry run, replayed counts what a real run would forward.
+			r.progress.Replayed.Add(1)
+			what = "would replay"
+		}
+		r.cfg.Log.Info(what, "partition", rec.Partition, "offset", rec.Offset, "MessageId", msg.UUID,
+			"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "replays", replays(msg),
+			"code", msg.Metadata.Get(middleware.HeaderDLQErrorCode), "reason", msg.Metadata.Get(middleware.HeaderDLQReason))
+		return nil
+	}, &r.progress)
+}
+
+func (r *Replayer) capReached() bool {
+	return r.cfg.Max > 0 && r.progress.Replayed.Load() >= r.cfg.Max
+}
+
+// envelope wraps a copy of msg for destination the way forwarder.Publisher
+// does, with its replay count incremented and its record key in its context.
+func envelope(destination string, msg *message.Message, key []byte) (*message.Message, error) {
+	var c capture
+	clean := message.NewMessage(msg.UUID, msg.Payload)
+	for k, v := range msg.Metadata {
+		clean.Metadata.Set(k, v)
+	}
+	clean.Metadata.Set(middleware.HeaderDLQReplayCount, strconv.Itoa(replays(msg)+1))
+	if err := forwarder.NewPublisher(&c, forwarder.PublisherConfig{}).Publish(destination, clean); err != nil {
+		return nil, err
+	}
+	c.msg.SetContext(kafkakit.WithKey(msg.Context(), key))
+	return c.msg, nil
+}
+
+type capture struct{ msg *message.Message }
+
+func (c *capture) Publish(_ string, msgs ...*message.Message) error {
+	c.msg = msgs[0]
+	return nil
+}
+
+func (c *capture) Close() error { return nil }
