@@ -123,6 +123,14 @@ func kafkaPublisher(t *testing.T, marshaler kafka.Marshaler) message.Publisher {
 // with the given middlewares, as the catalog router does, until the test ends.
 func runConsumer(t *testing.T, topic string, h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) {
 	t.Helper()
+	runGroupConsumer(t, topic, "pf-test-"+testenv.RandomSuffix(), nil, h, mws...)
+}
+
+// runGroupConsumer is runConsumer as a member of group, with tracer (may be nil)
+// on its subscriber. It returns a stop function; the test's end stops it too.
+func runGroupConsumer(t *testing.T, topic, group string, tracer kafka.SaramaTracer, h message.NoPublishHandlerFunc,
+	mws ...message.HandlerMiddleware) (stop func()) {
+	t.Helper()
 	cfg := kafka.DefaultSaramaSubscriberConfig()
 	cfg.Version = kafkakit.KafkaVersion
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -130,7 +138,8 @@ func runConsumer(t *testing.T, topic string, h message.NoPublishHandlerFunc, mws
 		Brokers:               testenv.Brokers(t),
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: cfg,
-		ConsumerGroup:         "pf-test-" + testenv.RandomSuffix(),
+		ConsumerGroup:         group,
+		Tracer:                tracer,
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 
@@ -142,6 +151,9 @@ func runConsumer(t *testing.T, topic string, h message.NoPublishHandlerFunc, mws
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); _ = r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); _ = r.Close(); <-stopped })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); _ = r.Close(); <-stopped }) }
+	t.Cleanup(stop)
 	<-r.Running()
+	return stop
 }

@@ -283,3 +283,65 @@ func TestRetry_InfrastructureErrorPausesItsPartitionUntilItClears(t *testing.T) 
 	require.Equal(t, []string{first.UUID, second.UUID}, appliedNow(), "order is kept")
 	require.Empty(t, dlq.published())
 }
+
+// TestRetry_YieldsPartitionOnRebalance: a member stuck in an endless
+// infrastructure retry gives its partition up when the group rebalances, so
+// a second member gets partitions within the session timeout (10s), instead of
+// the whole group waiting for the rebalance timeout and evicting the first.
+func TestRetry_YieldsPartitionOnRebalance(t *testing.T) {
+	t.Parallel()
+	topic := testenv.Topic(t, 2)
+	group := "pf-test-" + testenv.RandomSuffix()
+	logs := &testenv.Logs{}
+	claims := middleware.NewClaims()
+	var retries, yields atomic.Int32
+	retry, err := middleware.Retry(middleware.RetryConfig{
+		IsConflict:      func(error) bool { return false },
+		InitialInterval: 50 * time.Millisecond,
+		MaxInterval:     200 * time.Millisecond,
+		Logger:          logs.Logger(),
+		OnRetry:         func(*message.Message, string, int, time.Duration, error) { retries.Add(1) },
+		OnYield:         func(*message.Message) { yields.Add(1) },
+		Session:         claims.Session,
+	})
+	require.NoError(t, err)
+	pub := kafkaPublisher(t, kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+		return msg.UUID, nil
+	}))
+	for range 20 {
+		require.NoError(t, pub.Publish(topic, newMessage(t)))
+	}
+
+	// The first member owns both partitions and cannot apply anything.
+	runGroupConsumer(t, topic, group, claims.Tracer(), func(*message.Message) error {
+		return fmt.Errorf("begin unit of work: %w", errInfra)
+	}, retry)
+	require.Eventually(t, func() bool { return retries.Load() >= 3 }, 30*time.Second, 10*time.Millisecond)
+
+	var applied atomic.Int32
+	joined := time.Now()
+	runGroupConsumer(t, topic, group, nil, func(*message.Message) error { applied.Add(1); return nil })
+	require.Eventually(t, func() bool { return applied.Load() > 0 }, 10*time.Second, 10*time.Millisecond,
+		"the second member got no partition within the session timeout")
+	t.Logf("second member applied its first message %s after joining", time.Since(joined).Round(time.Millisecond))
+	require.Positive(t, yields.Load())
+	require.NotEmpty(t, logs.Find(slog.LevelWarn, "partition revoked during retry; left to its next owner"))
+}
+
+func TestRetry_WithoutASessionNeverYields(t *testing.T) {
+	calls := 0
+	b := setupRetry(t, middleware.RetryConfig{
+		InitialInterval: time.Millisecond,
+		MaxInterval:     time.Millisecond,
+		Session:         func(*message.Message) context.Context { return nil },
+	}, func(int) error {
+		calls++
+		if calls < 3 {
+			return errInfra
+		}
+		return nil
+	})
+	_, err := b.retry(newMessage(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 3, b.calls.Load())
+}
