@@ -5,6 +5,7 @@ package expire
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -163,10 +164,15 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		return b, tx.Commit()
 	}
 
-	expired, err := markExpired(ctx, tx, res.AsOf, due)
+	expired, failed, err := expireIsolated(ctx, tx, res.AsOf, due)
 	if err != nil {
 		return batchResult{}, err
 	}
+	for _, f := range failed {
+		poison[f.id] = true
+		log.Error("item failed", "PurchaseId", f.id, "error", f.err.Error())
+	}
+	b.poison += len(failed)
 	msgs := make([]*message.Message, 0, len(expired))
 	for _, p := range expired {
 		msg, err := event.NewMessage(p.Event(), res.RunID, res.AsOf)
@@ -175,8 +181,10 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		}
 		msgs = append(msgs, msg)
 	}
-	if err := outbox.PublishTx(tx, e.cfg.Topic, msgs...); err != nil {
-		return batchResult{}, err
+	if len(msgs) > 0 {
+		if err := outbox.PublishTx(tx, e.cfg.Topic, msgs...); err != nil {
+			return batchResult{}, err
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return batchResult{}, fmt.Errorf("commit batch: %w", err)
@@ -204,6 +212,68 @@ func selectDue(ctx context.Context, tx *sqlx.Tx, asOf time.Time, limit int, pois
 		return nil, fmt.Errorf("select candidates: %w", err)
 	}
 	return rows, nil
+}
+
+// rowFailure is a purchase whose own transition SQL failed.
+type rowFailure struct {
+	id  uuid.UUID
+	err error
+}
+
+// expireIsolated writes the transitions of due, isolating the rows whose SQL
+// fails for a reason of their own: a data or constraint error (say, a version
+// at the bigint limit that version + 1 overflows) rolls back to a savepoint
+// and the set is split in halves until the failing rows stand alone. They are
+// poison; the rest commit, so a failing row never starves the healthy ones
+// behind it. Any other error (the connection, a timeout) fails the batch.
+func expireIsolated(ctx context.Context, tx *sqlx.Tx, asOf time.Time, due []purchase.Purchase) ([]purchase.Purchase, []rowFailure, error) {
+	var expired []purchase.Purchase
+	var failed []rowFailure
+	var walk func(set []purchase.Purchase) error
+	walk = func(set []purchase.Purchase) error {
+		got, err := markExpiredSavepoint(ctx, tx, asOf, set)
+		switch {
+		case err == nil:
+			expired = append(expired, got...)
+			return nil
+		case !rowSpecific(err):
+			return err
+		case len(set) == 1:
+			failed = append(failed, rowFailure{set[0].ID, err})
+			return nil
+		}
+		mid := len(set) / 2
+		if err := walk(set[:mid]); err != nil {
+			return err
+		}
+		return walk(set[mid:])
+	}
+	return expired, failed, walk(due)
+}
+
+// rowSpecific reports an error that the data of the rows caused: SQLSTATE
+// class 22 (data exception) or 23 (integrity constraint violation).
+func rowSpecific(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && (pqErr.Code.Class() == "22" || pqErr.Code.Class() == "23")
+}
+
+// markExpiredSavepoint is markExpired under a savepoint, so that a failure
+// leaves the batch's transaction usable.
+func markExpiredSavepoint(ctx context.Context, tx *sqlx.Tx, asOf time.Time, set []purchase.Purchase) ([]purchase.Purchase, error) {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT expire_set`); err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	got, err := markExpired(ctx, tx, asOf, set)
+	if err != nil {
+		if _, rbErr := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT expire_set`); rbErr != nil {
+			return nil, errors.Join(err, fmt.Errorf("roll back to savepoint: %w", rbErr))
+		}
+	}
+	if _, relErr := tx.ExecContext(ctx, `RELEASE SAVEPOINT expire_set`); relErr != nil {
+		return nil, errors.Join(err, fmt.Errorf("release savepoint: %w", relErr))
+	}
+	return got, err
 }
 
 // markExpired writes the transitions made by Purchase.Expire in one statement.

@@ -124,6 +124,48 @@ func TestExpirer_PoisonRowIsLeftOutAndDoesNotStarveHealthyRows(t *testing.T) {
 	require.Equal(t, 3, next.PoisonCount, "poison is tried again next cycle")
 }
 
+// TestExpirer_RowWithFailingSQLIsPoisonAndDoesNotStarve: a row that passes
+// the aggregate's checks but whose transition SQL fails (version + 1
+// overflows bigint) is isolated within its batch, logged and counted as
+// poison; the healthy rows of the same batch and behind it commit.
+func TestExpirer_RowWithFailingSQLIsPoisonAndDoesNotStarve(t *testing.T) {
+	b := setup(t, expire.Config{BatchSize: 4})
+	poison := testenv.SeedActive(t, b.db, 3, time.Now().Add(-time.Hour))
+	_, err := b.db.Exec(`UPDATE promotion.promotion_purchases SET version = 9223372036854775807 WHERE id = ANY($1::uuid[])`,
+		pqArray(poison))
+	require.NoError(t, err)
+	healthy := testenv.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
+
+	res, err := b.exp.RunCycle(context.Background())
+
+	require.NoError(t, err, "a row's own SQL error does not fail the batch")
+	require.Equal(t, 5, res.ExpiredCount)
+	require.Equal(t, 3, res.PoisonCount)
+	require.Equal(t, 3, res.Backlog)
+	states := testenv.Statuses(t, b.db)
+	for _, id := range healthy {
+		require.Equal(t, testenv.State{Status: event.StatusExpired, Version: 2}, states[id])
+	}
+	for _, id := range poison {
+		require.Equal(t, testenv.State{Status: event.StatusActive, Version: 9223372036854775807}, states[id])
+	}
+	failed := b.logs.Find(slog.LevelError, "item failed")
+	require.Len(t, failed, 3)
+	for _, f := range failed {
+		require.Contains(t, f["error"], "out of range")
+	}
+	require.Len(t, testenv.OutboxEvents(t, b.db), 5, "no event for a poison row")
+
+	more := testenv.SeedActive(t, b.db, 2, time.Now().Add(-time.Second))
+	next, err := b.exp.RunCycle(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, next.PoisonCount, "poison is tried again next cycle")
+	require.Equal(t, 2, next.ExpiredCount, "and never starves the rows behind it")
+	for _, id := range more {
+		require.Equal(t, event.StatusExpired, testenv.Statuses(t, b.db)[id].Status)
+	}
+}
+
 func TestExpirer_ParallelInstancesExpireEachPurchaseOnceWithOneEvent(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 50})
 	due := testenv.SeedActive(t, b.db, 2000, time.Now().Add(-time.Minute))
