@@ -159,8 +159,8 @@ func (c topicConfig) ensure(brokers []string, log *slog.Logger, purchaseTopic st
 		return nil
 	}
 	if !kafkakit.OnlyCompacted(policies) {
-		log.Warn("the purchase topic is not a compacted changelog: a projection rebuild refuses once retention removed "+
-			"records; set cleanup.policy=compact", "topic", purchaseTopic, "cleanupPolicy", strings.Join(policies, ","))
+		log.Warn("purchase topic is not compacted", "topic", purchaseTopic, "cleanupPolicy", strings.Join(policies, ","),
+			"consequence", "a projection rebuild refuses once retention removed records; set cleanup.policy=compact")
 	}
 	return nil
 }

@@ -26,6 +26,7 @@ type promotionConfig struct {
 	ExpireMaxDuration time.Duration
 	OutboxPoll        time.Duration
 	OutboxBatchSize   int
+	KeyRetention      time.Duration
 	Topics            topicConfig
 }
 
@@ -38,6 +39,7 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.ExpireMaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog")
 	s.dur(&c.OutboxPoll, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "how often the relay polls an idle outbox")
 	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", 500, "outbox rows the relay reads per query")
+	s.dur(&c.KeyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }
 
@@ -48,6 +50,9 @@ func (c promotionConfig) validate() error {
 	}
 	if c.ExpireInterval <= 0 {
 		errs = append(errs, errors.New("expire interval must be positive"))
+	}
+	if c.KeyRetention <= 0 {
+		errs = append(errs, errors.New("idempotency key retention must be positive"))
 	}
 	errs = append(errs, c.Topics.validate())
 	return errors.Join(errs...)
@@ -98,14 +103,14 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	}
 	r, err := router.NewPromotion(db, exp, metrics, log, router.PromotionConfig{
 		Brokers: brokers, ExpireInterval: cfg.ExpireInterval,
-		OutboxPollInterval: cfg.OutboxPoll, OutboxBatchSize: cfg.OutboxBatchSize,
+		OutboxPollInterval: cfg.OutboxPoll, OutboxBatchSize: cfg.OutboxBatchSize, IdempotencyRetention: cfg.KeyRetention,
 	})
 	if err != nil {
 		return err
 	}
 
 	mux := newMux(reg, dbReady(db), routerReady(r.Router.IsRunning))
-	(&api.Promotions{Service: &purchase.Service{DB: db, Topic: cfg.Topic}, Tokens: tokens, Log: log}).Register(mux)
+	(&api.Promotions{Service: &purchase.Service{DB: db, Topic: cfg.Topic, IdempotencyRetention: cfg.KeyRetention}, Tokens: tokens, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
 		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, mux, log) },

@@ -105,15 +105,27 @@ func ResetDedupTx(ctx context.Context, tx *sqlx.Tx, prefix string) error {
 	return nil
 }
 
-// CleanupDedupKeys deletes dedup keys older than retention, so that
-// catalog.processed_messages does not grow without bound. A redelivery older
-// than the retention is still harmless: the per-purchase version guard skips
-// or re-applies the same snapshot.
+// cleanupBatch bounds one DELETE of the cleanup, so that a large backlog
+// never holds one long transaction.
+const cleanupBatch = 10_000
+
+// CleanupDedupKeys deletes dedup keys older than retention, batch by batch
+// through the processed_at index, so that catalog.processed_messages does not
+// grow without bound. A redelivery older than the retention is still
+// harmless: the per-purchase version guard skips or re-applies the same snapshot.
 func CleanupDedupKeys(ctx context.Context, db *sqlx.DB, retention time.Duration) (int64, error) {
-	res, err := db.ExecContext(ctx, `DELETE FROM catalog.processed_messages WHERE processed_at < now() - $1::interval`,
-		fmt.Sprintf("%d milliseconds", retention.Milliseconds()))
-	if err != nil {
-		return 0, fmt.Errorf("clean dedup keys: %w", err)
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, `DELETE FROM catalog.processed_messages WHERE ctid = ANY(ARRAY(
+			SELECT ctid FROM catalog.processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))`,
+			retention.Seconds(), cleanupBatch)
+		if err != nil {
+			return total, fmt.Errorf("clean dedup keys: %w", err)
+		}
+		n, err := res.RowsAffected()
+		total += n
+		if err != nil || n < cleanupBatch {
+			return total, err
+		}
 	}
-	return res.RowsAffected()
 }

@@ -21,6 +21,7 @@ type PromotionMetrics struct {
 	OutboxLag     prometheus.Gauge
 	OutboxRelayed prometheus.Counter
 	OutboxCleaned prometheus.Counter
+	KeysCleaned   prometheus.Counter
 }
 
 // NewPromotionMetrics registers the series on reg.
@@ -49,13 +50,15 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			Name: "promotion_outbox_relayed_total", Help: "Outbox events relayed to Kafka."}),
 		OutboxCleaned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promotion_outbox_cleaned_total", Help: "Relayed outbox rows deleted."}),
+		KeysCleaned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promotion_idempotency_keys_cleaned_total", Help: "Idempotency keys deleted after their retention."}),
 	}
 	m.Items.WithLabelValues("expired")
 	m.Items.WithLabelValues("poison")
 	m.Errors.WithLabelValues("poison")
 	m.Errors.WithLabelValues("infrastructure")
 	for _, c := range []prometheus.Collector{m.RunTotal, m.CycleDuration, m.Items, m.Backlog, m.SkipLocked,
-		m.Errors, m.OutboxBacklog, m.OutboxLag, m.OutboxRelayed, m.OutboxCleaned} {
+		m.Errors, m.OutboxBacklog, m.OutboxLag, m.OutboxRelayed, m.OutboxCleaned, m.KeysCleaned} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("register promotion metrics"), err)
 		}

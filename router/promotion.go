@@ -19,6 +19,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
@@ -34,6 +35,11 @@ type PromotionConfig struct {
 	OutboxPollInterval time.Duration
 	// OutboxBatchSize is how many outbox rows the relay reads per query. Defaults to 500.
 	OutboxBatchSize int
+	// IdempotencyRetention is how long an Idempotency-Key is kept. Defaults
+	// to purchase.IdempotencyRetentionDefault (24h).
+	IdempotencyRetention time.Duration
+	// KeyJanitorInterval is the time between idempotency key cleanups. Defaults to 10m.
+	KeyJanitorInterval time.Duration
 }
 
 func (c *PromotionConfig) setDefaults() {
@@ -41,6 +47,8 @@ func (c *PromotionConfig) setDefaults() {
 	c.JanitorInterval = cmp.Or(c.JanitorInterval, 5*time.Second)
 	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, 100*time.Millisecond)
 	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, 500)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
+	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, 10*time.Minute)
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -49,7 +57,8 @@ func (c PromotionConfig) Validate() error {
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("kafka brokers are required"))
 	}
-	if c.ExpireInterval <= 0 || c.JanitorInterval <= 0 || c.OutboxPollInterval <= 0 {
+	if c.ExpireInterval <= 0 || c.JanitorInterval <= 0 || c.OutboxPollInterval <= 0 || c.KeyJanitorInterval <= 0 ||
+		c.IdempotencyRetention <= 0 {
 		errs = append(errs, errors.New("intervals must be positive"))
 	}
 	if c.OutboxBatchSize < 1 {
@@ -68,8 +77,9 @@ type Promotion struct {
 
 // Topic names of the in-process tick streams.
 const (
-	expireTickTopic  = "promotion.expire.tick"
-	janitorTickTopic = "promotion.outbox-janitor.tick"
+	expireTickTopic     = "promotion.expire.tick"
+	janitorTickTopic    = "promotion.outbox-janitor.tick"
+	keyJanitorTickTopic = "promotion.key-janitor.tick"
 )
 
 // NewPromotion builds the router. Run starts it.
@@ -109,7 +119,16 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 		m.ObserveOutbox(stats, cleaned)
 		return nil
 	})
-	p.tickers = []*tickSource{expireTicks, janitorTicks}
+	keyTicks := newTickSource(keyJanitorTickTopic, cfg.KeyJanitorInterval, wlog)
+	r.AddConsumerHandler("idempotency_key_janitor", keyJanitorTickTopic, keyTicks.pubsub, func(msg *message.Message) error {
+		n, err := purchase.CleanupIdempotencyKeys(msg.Context(), db, cfg.IdempotencyRetention)
+		if err != nil {
+			log.Warn("idempotency key cleanup failed", "error", err.Error())
+		}
+		m.KeysCleaned.Add(float64(n))
+		return nil
+	})
+	p.tickers = []*tickSource{expireTicks, janitorTicks, keyTicks}
 
 	if err := p.addRelay(db, m, wlog, cfg); err != nil {
 		return nil, err

@@ -169,6 +169,8 @@ func (h *Promotions) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, "not_found", "no such purchase")
 	case errors.Is(err, purchase.ErrIdempotencyKeyReused):
 		writeError(w, http.StatusUnprocessableEntity, "idempotency_key_reused", err.Error())
+	case errors.Is(err, purchase.ErrIdempotencyKeyExpired):
+		writeError(w, http.StatusConflict, "idempotency_key_expired", err.Error())
 	case errors.Is(err, purchase.ErrVersionConflict):
 		writeError(w, http.StatusConflict, "version_conflict", "the purchase changed meanwhile; read it again")
 	case r.Context().Err() != nil:

@@ -98,6 +98,11 @@ func TopicWith(t testing.TB, spec kafkakit.Topic) string {
 	return spec.Name
 }
 
+// CleanupTopic deletes a topic that the code under test created when the test ends.
+func CleanupTopic(t testing.TB, name string) {
+	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
+}
+
 // waitForLeaders waits until every partition of a new topic has a leader that
 // serves it; a fresh broker may answer NotLeaderForPartition for a moment.
 func waitForLeaders(t testing.TB, topic string, partitions int32) {

@@ -1,6 +1,7 @@
 package purchase
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -16,8 +17,16 @@ import (
 	"github.com/promoflow/promoflow/handlers/outbox"
 )
 
-// ErrIdempotencyKeyReused: the key was used before with a different request.
-var ErrIdempotencyKeyReused = errors.New("idempotency key was used with a different request")
+// Idempotency errors.
+var (
+	// ErrIdempotencyKeyReused: the key was used before with a different request.
+	ErrIdempotencyKeyReused = errors.New("idempotency key was used with a different request")
+	// ErrIdempotencyKeyExpired: the key reached its retention during the request.
+	ErrIdempotencyKeyExpired = errors.New("idempotency key expired")
+)
+
+// IdempotencyRetentionDefault is how long an Idempotency-Key is honoured.
+const IdempotencyRetentionDefault = 24 * time.Hour
 
 // Service runs the purchase use cases of the API. Each call is one transaction;
 // every status change writes its event to the outbox in that transaction.
@@ -27,6 +36,13 @@ type Service struct {
 	Topic string
 	// Now is the clock. Defaults to time.Now in UTC.
 	Now func() time.Time
+	// IdempotencyRetention is how long a key returns its first purchase;
+	// after it the key is free again. Defaults to 24h.
+	IdempotencyRetention time.Duration
+}
+
+func (s *Service) retention() time.Duration {
+	return cmp.Or(s.IdempotencyRetention, IdempotencyRetentionDefault)
 }
 
 // now is in UTC at PostgreSQL's microsecond precision, so that an event built
@@ -70,7 +86,7 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 			return err
 		}
 		if idempotencyKey != "" {
-			claimed, err := claimKeyTx(ctx, tx, tenant, idempotencyKey, hash, p.ID)
+			claimed, err := claimKeyTx(ctx, tx, tenant, idempotencyKey, hash, p.ID, s.retention())
 			if err != nil {
 				return err
 			}
@@ -91,11 +107,15 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 // errReplay rolls back a create whose idempotency key exists already.
 var errReplay = errors.New("idempotent replay")
 
-// claimKeyTx records the key. A concurrent request with the same key waits on
-// the primary key until the first commits, then sees it taken.
-func claimKeyTx(ctx context.Context, tx *sqlx.Tx, tenant uuid.UUID, key string, hash []byte, id uuid.UUID) (bool, error) {
-	res, err := tx.ExecContext(ctx, `INSERT INTO promotion.idempotency_keys (tenant_id, key, request_hash, purchase_id)
-		VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, tenant, key, hash, id)
+// claimKeyTx records the key, or takes over one older than retention. A
+// concurrent request with the same key waits on the primary key until the
+// first commits, then sees it taken.
+func claimKeyTx(ctx context.Context, tx *sqlx.Tx, tenant uuid.UUID, key string, hash []byte, id uuid.UUID, retention time.Duration) (bool, error) {
+	res, err := tx.ExecContext(ctx, `INSERT INTO promotion.idempotency_keys AS k (tenant_id, key, request_hash, purchase_id)
+		VALUES ($1, $2, $3, $4)
+		ON CONFLICT (tenant_id, key) DO UPDATE SET
+			request_hash = excluded.request_hash, purchase_id = excluded.purchase_id, created_at = excluded.created_at
+		WHERE k.created_at < now() - make_interval(secs => $5)`, tenant, key, hash, id, retention.Seconds())
 	if err != nil {
 		return false, fmt.Errorf("claim idempotency key: %w", err)
 	}
@@ -112,7 +132,10 @@ func (s *Service) replay(ctx context.Context, tenant uuid.UUID, key string, hash
 		ID   uuid.UUID `db:"purchase_id"`
 	}
 	err := s.DB.GetContext(ctx, &stored, `SELECT request_hash, purchase_id FROM promotion.idempotency_keys
-		WHERE tenant_id = $1 AND key = $2`, tenant, key)
+		WHERE tenant_id = $1 AND key = $2 AND created_at >= now() - make_interval(secs => $3)`, tenant, key, s.retention().Seconds())
+	if errors.Is(err, sql.ErrNoRows) {
+		return Purchase{}, fmt.Errorf("idempotency key expired while the request ran; send it again: %w", ErrIdempotencyKeyExpired)
+	}
 	if err != nil {
 		return Purchase{}, fmt.Errorf("read idempotency key: %w", err)
 	}
@@ -184,4 +207,28 @@ func requestHash(d Draft) ([]byte, error) {
 	}
 	sum := sha256.Sum256(raw)
 	return sum[:], nil
+}
+
+// cleanupBatch bounds one DELETE of a cleanup, so that a large backlog never
+// holds one long transaction.
+const cleanupBatch = 10_000
+
+// CleanupIdempotencyKeys deletes the keys older than retention, so that
+// promotion.idempotency_keys does not grow without bound. An expired key is
+// free for a new purchase even before it is deleted.
+func CleanupIdempotencyKeys(ctx context.Context, db *sqlx.DB, retention time.Duration) (int64, error) {
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, `DELETE FROM promotion.idempotency_keys WHERE ctid = ANY(ARRAY(
+			SELECT ctid FROM promotion.idempotency_keys WHERE created_at < now() - make_interval(secs => $1) LIMIT $2))`,
+			retention.Seconds(), cleanupBatch)
+		if err != nil {
+			return total, fmt.Errorf("clean idempotency keys: %w", err)
+		}
+		n, err := res.RowsAffected()
+		total += n
+		if err != nil || n < cleanupBatch {
+			return total, err
+		}
+	}
 }
