@@ -3,13 +3,17 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/promoflow/promoflow/app/api"
-	"go.yaml.in/yaml/v3"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/dlqreplay"
 )
 
 // compose.yaml cannot be run on machines without Docker; this test checks it
@@ -96,6 +100,26 @@ func TestCompose_MountedFilesExistAndPrometheusScrapesBothProcesses(t *testing.T
 	require.NoError(t, err)
 	require.Contains(t, string(raw), `"promotion:8080"`)
 	require.Contains(t, string(raw), `"catalog:8081"`)
+}
+
+// TestCompose_PurchaseTopicIsACompactedChangelog: the topics service makes the
+// purchase topic compacted before either process starts, and the DLQ and
+// replay topics with the default retention, under the names the product uses.
+func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
+	c := loadCompose(t)
+	topics := c.Services["kafka-topics"]
+	require.True(t, strings.HasPrefix(topics.Image, "apache/kafka:4."))
+	script := strings.Join(topics.Command, " ")
+	require.Contains(t, script, "--topic "+event.Topic+" --partitions 6 --replication-factor 1 --config cleanup.policy=compact")
+	for _, topic := range []string{middleware.DLQTopicDefault, dlqreplay.ReplayTopicDefault} {
+		require.Regexp(t, "--topic "+regexp.QuoteMeta(topic)+" --partitions 6 --replication-factor 1( &&|$)", script)
+	}
+	for _, name := range []string{"promotion", "catalog"} {
+		var deps map[string]map[string]string
+		node := c.Services[name].DependsOn
+		require.NoError(t, node.Decode(&deps))
+		require.Equal(t, "service_completed_successfully", deps["kafka-topics"]["condition"], name)
+	}
 }
 
 func parseTokensEnv(s string) (int, error) {

@@ -170,7 +170,14 @@ func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, range
 	if err != nil {
 		return fmt.Errorf("replay forwarder: %w", err)
 	}
-	if err := fwd.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	errc := make(chan error, 1)
+	go func() { errc <- fwd.Run(ctx) }()
+	select {
+	case <-src.finished: // done, capped or failed: stop the forwarder
+		err = errors.Join(fwd.Close(), <-errc)
+	case err = <-errc: // ctx ended
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return src.err()

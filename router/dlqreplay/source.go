@@ -39,7 +39,8 @@ type source struct {
 	pending  map[int32]bool
 	failure  error
 	stop     context.CancelFunc
-	finished chan struct{}
+	finished chan struct{} // closed once the group was left
+	closing  sync.Once
 }
 
 func newSource(cfg Config, progress *bounded.Progress, partitions int, ranges []bounded.Range) *source {
@@ -54,8 +55,8 @@ func newSource(cfg Config, progress *bounded.Progress, partitions int, ranges []
 }
 
 // Subscribe joins the group and streams envelopes until every partition is
-// done, the cap is reached, or the replay fails; then it closes the channel,
-// which stops the forwarder.
+// done, the cap is reached, or the replay fails; then it leaves the group and
+// closes finished. The channel closes with Close, when the forwarder stops.
 func (s *source) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	sc := kafkakit.ClientConfig("promoflow-dlq-replay")
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -70,7 +71,6 @@ func (s *source) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	s.mu.Unlock()
 	go func() {
 		defer close(s.finished)
-		defer close(s.out)
 		defer group.Close() // leaves the group, so the next replay may join at once
 		for ctx.Err() == nil {
 			if err := group.Consume(ctx, []string{topic}, s); err != nil && ctx.Err() == nil {
@@ -82,7 +82,7 @@ func (s *source) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	return s.out, nil
 }
 
-// Close stops the group and waits for it to leave.
+// Close stops the group, waits for it to leave, and closes the channel.
 func (s *source) Close() error {
 	s.mu.Lock()
 	stop := s.stop
@@ -91,7 +91,9 @@ func (s *source) Close() error {
 	select {
 	case <-s.finished:
 	case <-time.After(30 * time.Second):
+		return errors.New("the replay's consumer group did not stop within 30s")
 	}
+	s.closing.Do(func() { close(s.out) })
 	return nil
 }
 
