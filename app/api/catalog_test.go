@@ -74,4 +74,9 @@ func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body["state"] == "done"
 	}, 30*time.Second, 20*time.Millisecond)
+	done := b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body
+	require.Equal(t, r.Body["id"], done["id"])
+	for _, field := range []string{"offsetsDone", "offsetsTotal", "read", "applied", "skipped"} {
+		require.Contains(t, done, field, "the status reports progress")
+	}
 }

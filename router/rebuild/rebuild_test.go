@@ -109,6 +109,51 @@ func TestRebuild_EventAppliedDuringStartIsNotLost(t *testing.T) {
 	require.Zero(t, active)
 }
 
+// TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState: purchases are
+// created, expired and cancelled while the rebuild runs; once both are done,
+// every card's boost is the sum of the purchases whose latest event is Active.
+func TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState(t *testing.T) {
+	b := setup(t)
+	projects := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	for _, p := range projects {
+		b.ProjectCard(t, p)
+	}
+	b.Start(t)
+	latest := map[uuid.UUID]event.PurchaseChanged{}
+	produce := func(i int) {
+		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%7, catalogtest.Target(event.TargetProject, projects[i%3]))
+		b.Produce(t, ev)
+		if i%2 == 0 {
+			ev.Version, ev.Status = 2, []event.Status{event.StatusExpired, event.StatusCancelled}[i%4/2]
+			b.Produce(t, ev)
+		}
+		latest[ev.PurchaseId] = ev
+	}
+	for i := range 60 {
+		produce(i)
+	}
+	b.WaitConsumed(t, 90, 30*time.Second)
+
+	rb := newRebuilder(t, b)
+	done := make(chan error, 1)
+	go func() { _, err := rb.Run(context.Background()); done <- err }()
+	for i := 60; i < 180; i++ {
+		produce(i) // live traffic, before, during and after the reset
+	}
+	require.NoError(t, <-done)
+	b.WaitConsumed(t, 270, 30*time.Second)
+
+	want := map[uuid.UUID]int{}
+	for _, ev := range latest {
+		if ev.Status == event.StatusActive {
+			want[ev.Targets[0].TargetId] += ev.BoostWeight
+		}
+	}
+	for _, p := range projects {
+		b.WaitBoost(t, event.TargetProject, p, want[p])
+	}
+}
+
 func TestRebuild_RefusesTruncatedUncompactedTopic(t *testing.T) {
 	b := setup(t)
 	b.Cfg.Topic = testenv.Topic(t, 1) // delete policy, as the broker's default
