@@ -88,7 +88,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	mux := newMux(reg, dbReady(db), routerReady(c.Ready))
+	mux := newMux(reg, dbReady(db), brokersReady(brokers), routerReady(c.Ready))
 	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },

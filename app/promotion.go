@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -123,6 +124,25 @@ func dbReady(db *sqlx.DB) readyCheck {
 			return fmt.Errorf("database: %w", err)
 		}
 		return nil
+	}
+}
+
+// brokersReady checks that a Kafka broker accepts connections: the catalog
+// consumes nothing while none does. (The promotion API stays ready without
+// Kafka: its writes go to the outbox, and the relay catches up.)
+func brokersReady(brokers []string) readyCheck {
+	return func(ctx context.Context) error {
+		var d net.Dialer
+		var errs []error
+		for _, b := range brokers {
+			conn, err := d.DialContext(ctx, "tcp", b)
+			if err == nil {
+				_ = conn.Close()
+				return nil
+			}
+			errs = append(errs, err)
+		}
+		return fmt.Errorf("kafka: %w", errors.Join(errs...))
 	}
 }
 

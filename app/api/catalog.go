@@ -249,6 +249,9 @@ func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusUnprocessableEntity, "validation_failed", err.Error())
 	case errors.Is(err, boost.ErrConflict):
 		writeError(w, http.StatusConflict, "conflict", "a concurrent update won; try again")
+	case unavailable(err):
+		h.Log.Warn("catalog api: database unavailable", "method", r.Method, "path", r.URL.Path, "error", err.Error())
+		writeUnavailable(w)
 	default:
 		h.Log.Error("catalog api failed", "method", r.Method, "path", r.URL.Path, "error", err.Error())
 		writeError(w, http.StatusInternalServerError, "internal", "internal error")

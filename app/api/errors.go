@@ -1,18 +1,31 @@
-// Package api is the HTTP face of the promotion context: the purchase API.
+// Package api is the HTTP face of both contexts: the purchase API, the card
+// feed and reads, and the projection rebuild.
 package api
 
 import (
+	"context"
+	"database/sql/driver"
 	"encoding/json"
+	"errors"
+	"io"
+	"net"
 	"net/http"
+	"syscall"
 
-	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/lib/pq"
 )
 
 // Error is the JSON body of every 4xx/5xx answer.
 type Error struct {
-	Code    string                `json:"code"`
-	Message string                `json:"message"`
-	Fields  []purchase.FieldError `json:"fields,omitempty"`
+	Code    string       `json:"code"`
+	Message string       `json:"message"`
+	Fields  []FieldError `json:"fields,omitempty"`
+}
+
+// FieldError names one invalid input field.
+type FieldError struct {
+	Field   string `json:"field"`
+	Problem string `json:"problem"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, body any) {
@@ -21,6 +34,40 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-func writeError(w http.ResponseWriter, status int, code, msg string, fields ...purchase.FieldError) {
+func writeError(w http.ResponseWriter, status int, code, msg string, fields ...FieldError) {
 	writeJSON(w, status, map[string]Error{"error": {Code: code, Message: msg, Fields: fields}})
+}
+
+// retryAfter is how many seconds a 503 asks the caller to wait.
+const retryAfter = "2"
+
+// writeUnavailable answers 503 with Retry-After: the request changed nothing
+// that the caller cannot safely retry.
+func writeUnavailable(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", retryAfter)
+	writeError(w, http.StatusServiceUnavailable, "unavailable", "the database is unavailable; retry after "+retryAfter+"s")
+}
+
+// unavailable reports an error that says PostgreSQL cannot serve right now (a
+// restart, a refused or broken connection, too many connections, a timeout),
+// as opposed to a bug: the caller should retry, not read a 500.
+func unavailable(err error) bool {
+	for _, target := range []error{driver.ErrBadConn, io.EOF, io.ErrUnexpectedEOF, context.DeadlineExceeded,
+		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) {
+		switch pqErr.Code.Class() {
+		case "08", "53", "57": // connection exception, insufficient resources, operator intervention
+			return true
+		}
+	}
+	return false
 }

@@ -164,7 +164,11 @@ func (h *Promotions) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var ve *purchase.ValidationError
 	switch {
 	case errors.As(err, &ve):
-		writeError(w, http.StatusUnprocessableEntity, "validation_failed", "the purchase is not valid", ve.Fields...)
+		fields := make([]FieldError, len(ve.Fields))
+		for i, f := range ve.Fields {
+			fields[i] = FieldError{Field: f.Field, Problem: f.Problem}
+		}
+		writeError(w, http.StatusUnprocessableEntity, "validation_failed", "the purchase is not valid", fields...)
 	case errors.Is(err, purchase.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", "no such purchase")
 	case errors.Is(err, purchase.ErrIdempotencyKeyReused):
@@ -175,6 +179,9 @@ func (h *Promotions) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "version_conflict", "the purchase changed meanwhile; read it again")
 	case r.Context().Err() != nil:
 		writeError(w, http.StatusServiceUnavailable, "cancelled", "the request was cancelled")
+	case unavailable(err):
+		h.Log.Warn("purchase api: database unavailable", "method", r.Method, "path", r.URL.Path, "error", err.Error())
+		writeUnavailable(w)
 	default:
 		h.Log.Error("purchase api failed", "method", r.Method, "path", r.URL.Path, "error", err.Error())
 		writeError(w, http.StatusInternalServerError, "internal", "internal error")

@@ -1,0 +1,39 @@
+package api
+
+import (
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"syscall"
+	"testing"
+
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+)
+
+func TestUnavailable_DatabaseOutagesAre503AndBugsAreNot(t *testing.T) {
+	for _, err := range []error{
+		&pq.Error{Code: "57P01", Message: "terminating connection due to administrator command"},
+		&pq.Error{Code: "57P03", Message: "the database system is starting up"},
+		&pq.Error{Code: "53300", Message: "too many connections"},
+		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED},
+		driver.ErrBadConn,
+	} {
+		require.True(t, unavailable(fmt.Errorf("begin: %w", err)), "%v", err)
+	}
+	for _, err := range []error{
+		&pq.Error{Code: "23505", Message: "duplicate key"},
+		errors.New("a bug"),
+	} {
+		require.False(t, unavailable(fmt.Errorf("insert: %w", err)), "%v", err)
+	}
+
+	rec := httptest.NewRecorder()
+	writeUnavailable(rec)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, retryAfter, rec.Header().Get("Retry-After"))
+	require.JSONEq(t, `{"error":{"code":"unavailable","message":"the database is unavailable; retry after 2s"}}`, rec.Body.String())
+}
