@@ -17,9 +17,10 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 )
 
-// ErrConflict is a serialization failure or deadlock between concurrent
-// writers. The caller rolls back, re-reads and retries (seed: 3 immediate
-// retries, then the DLQ).
+// ErrConflict is a transient clash with concurrent writers: a serialization
+// failure, a deadlock, a lock timeout or a full lock table. The caller rolls
+// back, re-reads and retries (seed: 3 immediate retries, then the DLQ, from
+// which a replay is safe).
 var ErrConflict = errors.New("concurrent update conflict")
 
 // Outcome is what applying one event did.
@@ -192,13 +193,17 @@ const recomputeSQL = `WITH objs AS (
 )
 SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`
 
-// wrap adds context to a database error and classifies serialization
-// failures and deadlocks as ErrConflict.
+// wrap adds context to a database error and classifies as ErrConflict the
+// errors that a rollback and an immediate retry can clear: serialization
+// failures, deadlocks, a lock timeout (55P03, lock_not_available) and a full
+// shared lock table (53200, out of shared memory).
 func wrap(op string, err error) error {
 	var pqErr *pq.Error
-	if errors.As(err, &pqErr) &&
-		(pqErr.Code == pqerror.TRSerializationFailure || pqErr.Code == pqerror.TRDeadlockDetected) {
-		return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
+	if errors.As(err, &pqErr) {
+		switch pqErr.Code {
+		case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable, pqerror.OutOfMemory:
+			return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
+		}
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
