@@ -9,8 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
-
-	"github.com/promoflow/promoflow/handlers/event"
 )
 
 // ErrNotFound is returned by the getters for a card that does not exist.
@@ -110,24 +108,6 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 	return nil
 }
 
-// sumOf is the SQL sum of the active contributions of one target.
-func sumOf(kind event.TargetKind, id string) string {
-	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
-		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
-}
-
-// projectBoost is the SQL boost of the project card with the given id.
-func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
-
-// objectBoost is the SQL boost of a property-object card. The project part
-// counts only while the card is published, so that the value is a function of
-// the replica and the card alone: the cascade never reaches an unpublished
-// card, and a replay after a rebuild must reproduce every card.
-func objectBoost(id, projectID, published string) string {
-	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
-		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
-}
-
 // GetProjectCard reads one project card; ErrNotFound when there is none.
 func GetProjectCard(ctx context.Context, q sqlx.QueryerContext, id uuid.UUID) (ProjectCard, error) {
 	var c ProjectCard
@@ -170,13 +150,11 @@ func ListPropertyObjectCards(ctx context.Context, q sqlx.QueryerContext, project
 // ResetTx empties the projection for a rebuild, in tx: it deletes every
 // contribution, sets every card's boost to 0 and forgets the consumer's dedup
 // marks, so that the replay of the topic that follows is applied rather than
-// skipped as duplicates. Card data other than the boost is kept.
+// skipped as duplicates. Card data other than the boost is kept. Events and
+// card upserts wait until tx ends, so that none computes a boost from the
+// contributions being deleted and the replay's deltas start from zero.
 func ResetTx(ctx context.Context, tx *sqlx.Tx) error {
-	// EXCLUSIVE waits for in-flight events that wrote contributions and holds
-	// new ones back until commit, so none lands half on each side of the
-	// reset. Card upserts only read the table and are not held back.
-	_, err := tx.ExecContext(ctx, `
-		LOCK TABLE catalog.promotion_contributions IN EXCLUSIVE MODE;
+	_, err := tx.ExecContext(ctx, lockProjectionSQL+`;
 		DELETE FROM catalog.promotion_contributions;
 		UPDATE catalog.project_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;
 		UPDATE catalog.property_object_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;

@@ -214,3 +214,12 @@ func (b bundle) waitBlocked(t *testing.T, pid int) {
 		return err == nil && waiting
 	}, 10*time.Second, 5*time.Millisecond, "backend %d never waited for a lock", pid)
 }
+
+// requireNoDrift checks that every card's boost equals the seed's formula
+// recomputed from the replica.
+func (b bundle) requireNoDrift(t *testing.T, msgAndArgs ...any) {
+	t.Helper()
+	drift, err := boost.Drift(context.Background(), b.db)
+	require.NoError(t, err)
+	require.Empty(t, drift, msgAndArgs...)
+}

@@ -2,6 +2,7 @@ package boost_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -87,6 +88,29 @@ func TestApply_CardUpsertRacingProjectEventGetsTheBoost(t *testing.T) {
 
 			require.Equal(t, 10, b.projectBoost(t, project))
 			require.Equal(t, 10, b.objectBoost(t, object), "the new published object gets its project's boost")
+		})
+	}
+}
+
+func TestResetTx_RacingCardUpsertLeavesNoBoostBehind(t *testing.T) {
+	reset := func(ctx context.Context, tx *sqlx.Tx) error { return boost.ResetTx(ctx, tx) }
+	for _, resetFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("reset first %t", resetFirst), func(t *testing.T) {
+			b := setup(t)
+			project := b.newProject(t)
+			object := b.newObject(t, project, true)
+			b.apply(t, changed(uuid.New(), event.StatusActive, 40, 1, onProject(project)))
+			upsert := func(ctx context.Context, tx *sqlx.Tx) error {
+				return boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(object, project, true))
+			}
+			if resetFirst {
+				interleave(t, b, reset, upsert)
+			} else {
+				interleave(t, b, upsert, reset)
+			}
+
+			require.Zero(t, b.objectBoost(t, object), "a rebuild's replay starts from zero")
+			b.requireNoDrift(t)
 		})
 	}
 }
