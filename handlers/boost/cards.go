@@ -64,8 +64,8 @@ func UpsertProjectCardTx(ctx context.Context, tx *sqlx.Tx, c ProjectCard) error 
 	if c.ID == uuid.Nil {
 		return fmt.Errorf("project card: id must not be empty: %w", ErrInvalidCard)
 	}
-	id := []string{c.ID.String()}
-	if err := lock(ctx, tx, nil, id, nil, nil); err != nil {
+	// Exclusive: no event of this project overlaps the sum (lock.go).
+	if err := lock(ctx, tx, locks{Projects: []string{c.ID.String()}}); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.project_cards (`+projectColumns+`)
@@ -89,10 +89,10 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 	if c.ID == uuid.Nil || c.ProjectID == uuid.Nil {
 		return fmt.Errorf("property object card: id and project id must not be empty: %w", ErrInvalidCard)
 	}
-	// The new project, then the card: the order Apply uses. Holding the
-	// project keeps a concurrent project event from missing this card in its
-	// cascade, or this upsert from missing that event's contribution.
-	if err := lock(ctx, tx, nil, []string{c.ProjectID.String()}, []string{c.ID.String()}, nil); err != nil {
+	// Exclusive, the new project and then the card: a concurrent event of
+	// either neither misses this card in its cascade nor has its
+	// contribution missed by the sums below (lock.go).
+	if err := lock(ctx, tx, locks{Projects: []string{c.ProjectID.String()}, Objects: []string{c.ID.String()}}); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.property_object_cards (`+objectColumns+`)

@@ -223,3 +223,39 @@ func (b bundle) requireNoDrift(t *testing.T, msgAndArgs ...any) {
 	require.NoError(t, err)
 	require.Empty(t, drift, msgAndArgs...)
 }
+
+// wantBoosts is the seed's formula in Go: the boost of every given card from
+// the latest applied snapshot of each purchase.
+func wantBoosts(applied map[uuid.UUID]event.PurchaseChanged, projects []uuid.UUID, objects map[uuid.UUID]boost.PropertyObjectCard) map[uuid.UUID]int {
+	projectSum := map[uuid.UUID]int{}
+	objectSum := map[uuid.UUID]int{}
+	for _, ev := range applied {
+		if ev.Status != event.StatusActive {
+			continue
+		}
+		seen := map[event.Target]bool{}
+		for _, tg := range ev.Targets {
+			if seen[tg] {
+				continue
+			}
+			seen[tg] = true
+			switch tg.TargetKind {
+			case event.TargetProject:
+				projectSum[tg.TargetId] += ev.BoostWeight
+			case event.TargetPropertyObject:
+				objectSum[tg.TargetId] += ev.BoostWeight
+			}
+		}
+	}
+	want := map[uuid.UUID]int{}
+	for _, p := range projects {
+		want[p] = projectSum[p]
+	}
+	for id, c := range objects {
+		want[id] = objectSum[id]
+		if c.Published {
+			want[id] += projectSum[c.ProjectID]
+		}
+	}
+	return want
+}

@@ -11,7 +11,7 @@ import (
 )
 
 // The seed's formula, computed from the replica. Apply keeps every card equal
-// to it; the card upserts compute it for the one card they write,
+// to it by deltas; the card upserts compute it for the one card they write,
 // and Drift and RecomputeAllTx compare and repair every card against it.
 
 // sumOf is the SQL sum of the active contributions of one target.
