@@ -226,3 +226,75 @@ func TestResetTx_RacingCardUpsertLeavesNoBoostBehind(t *testing.T) {
 		})
 	}
 }
+
+func TestApply_ConcurrentEventsAndCardMovesLeaveNoDrift(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	const workers, perWorker = 4, 30
+
+	var projects, objects []uuid.UUID
+	for range 3 {
+		projects = append(projects, b.newProject(t))
+	}
+	for i := range 6 {
+		objects = append(objects, b.newObject(t, projects[i%3], true))
+	}
+	var targets []event.Target
+	for _, p := range projects {
+		targets = append(targets, onProject(p))
+	}
+	for _, o := range objects {
+		targets = append(targets, onObject(o))
+	}
+
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	done := make(chan struct{})
+	var events sync.WaitGroup
+	for w := range workers {
+		events.Add(1)
+		wg.Go(func() {
+			defer events.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			<-start
+			for range perWorker {
+				tg := slices.Clone(targets)
+				rng.Shuffle(len(tg), func(i, j int) { tg[i], tg[j] = tg[j], tg[i] })
+				ev := changed(uuid.New(), event.StatusActive, 1+rng.IntN(100), 1, tg[:1+rng.IntN(3)]...)
+				evs := []event.PurchaseChanged{ev}
+				if rng.IntN(3) == 0 {
+					ev.Status, ev.Version = event.StatusExpired, 2
+					evs = append(evs, ev)
+				}
+				for _, ev := range evs {
+					if !assert.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { _, err := boost.Apply(ctx, tx, ev); return err })) {
+						return
+					}
+				}
+			}
+		})
+	}
+	// Chessboard moves, publishes and unpublishes objects until the events
+	// are done.
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(99, 11))
+		<-start
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			c := objectCard(objects[rng.IntN(len(objects))], projects[rng.IntN(len(projects))], rng.IntN(3) > 0)
+			if !assert.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return boost.UpsertPropertyObjectCardTx(ctx, tx, c) })) {
+				return
+			}
+		}
+	})
+	close(start)
+	events.Wait()
+	close(done)
+	wg.Wait()
+	require.False(t, t.Failed())
+	b.requireNoDrift(t)
+}
