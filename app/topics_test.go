@@ -3,6 +3,7 @@ package main
 import (
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
@@ -30,12 +31,18 @@ func TestPurchaseTopic_IsCompacted(t *testing.T) {
 	admin, err := sarama.NewClusterAdmin(brokers, kafkakit.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer admin.Close()
-	policies, err := kafkakit.CleanupPolicies(admin, purchases)
-	require.NoError(t, err)
-	require.Equal(t, []string{kafkakit.PolicyCompact}, policies)
-	policies, err = kafkakit.CleanupPolicies(admin, dlq)
-	require.NoError(t, err)
-	require.Equal(t, []string{kafkakit.PolicyDelete}, policies)
+	policiesOf := func(topic string) []string {
+		var policies []string
+		// A topic just created may not be described by the broker at once.
+		require.Eventually(t, func() bool {
+			var err error
+			policies, err = kafkakit.CleanupPolicies(admin, topic)
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond)
+		return policies
+	}
+	require.Equal(t, []string{kafkakit.PolicyCompact}, policiesOf(purchases))
+	require.Equal(t, []string{kafkakit.PolicyDelete}, policiesOf(dlq))
 	require.Empty(t, logs.Find(slog.LevelWarn, "purchase topic is not compacted"))
 
 	legacy := testenv.Topic(t, 1)

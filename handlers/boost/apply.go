@@ -17,9 +17,10 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 )
 
-// ErrConflict is a serialization failure or deadlock between concurrent
-// writers. The caller rolls back, re-reads and retries (seed: 3 immediate
-// retries, then the DLQ).
+// ErrConflict is a transient clash with concurrent writers: a serialization
+// failure, a deadlock, a lock timeout or a full lock table. The caller rolls
+// back, re-reads and retries (seed: 3 immediate retries, then the DLQ, from
+// which a replay is safe).
 var ErrConflict = errors.New("concurrent update conflict")
 
 // Outcome is what applying one event did.
@@ -37,54 +38,51 @@ type Outcome struct {
 	CardsRecomputed int
 }
 
-// Apply upserts the contributions of one validated event and recomputes the
-// boost of every card they address, in tx.
+// Apply upserts the contributions of one validated event and adds the change
+// of their weight to the boost of every card they address, in tx.
 //
 // A project card's boost is the sum of the active {Project, card.id}
 // contributions. A property-object card's boost is the sum of the active
 // {PropertyObject, card.id} contributions plus, while the card is published,
 // the active {Project, card.project_id} ones: a Project target cascades to its
-// project's published objects only. A card that does not exist yet is not an
-// error; its contribution is kept and the card's upsert picks it up.
+// project's published objects only. Apply keeps these sums by deltas: a
+// contribution whose state changes adds new − old (weight while active, else
+// 0) to the cards it addresses: one statement after the target locks,
+// whatever the number of contributions behind a card. A card that does not
+// exist yet is not an error; its contribution is kept and the card's upsert
+// sums it.
 func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome, error) {
 	projects, objects := splitTargets(ev.Targets)
 	if len(projects)+len(objects) == 0 {
 		return Outcome{PostOnly: true}, nil
 	}
-
-	// Locks before any read: the purchase (serialises its own events, e.g. a
-	// replay racing the live consumer), then every card whose sum this event
-	// changes, so that a concurrent event or card upsert on the same card
-	// either commits before our sums are read or waits for our commit.
-	purchase := []string{ev.PurchaseId.String()}
-	if len(projects) == 0 {
-		if err := lock(ctx, tx, purchase, nil, objects, nil); err != nil {
-			return Outcome{}, err
-		}
-	} else {
-		if err := lock(ctx, tx, purchase, projects, nil, nil); err != nil {
-			return Outcome{}, err
-		}
-		// Read the cascade only once the projects are held: a card upsert
-		// locks its project first, so the set of published objects cannot
-		// change under us from here on.
-		if err := lock(ctx, tx, nil, nil, objects, projects); err != nil {
-			return Outcome{}, err
-		}
-	}
-
-	stored, err := upsertContributions(ctx, tx, ev, projects, objects)
+	// Before any read; see lock.go for the order and the races it closes.
+	err := lock(ctx, tx, locks{Purchase: ev.PurchaseId.String(), Projects: projects, Objects: objects, Shared: true})
 	if err != nil {
 		return Outcome{}, err
 	}
-	if ev.Version < stored {
+
+	kinds := make([]string, 0, len(projects)+len(objects))
+	ids := make([]string, 0, len(projects)+len(objects))
+	for _, id := range projects {
+		kinds, ids = append(kinds, string(event.TargetProject)), append(ids, id)
+	}
+	for _, id := range objects {
+		kinds, ids = append(kinds, string(event.TargetPropertyObject)), append(ids, id)
+	}
+	var res struct {
+		Stored int64 `db:"stored"`
+		Cards  int   `db:"cards"`
+	}
+	err = tx.GetContext(ctx, &res, applySQL, ev.PurchaseId, pq.Array(kinds), pq.Array(ids), ev.BoostWeight,
+		string(ev.Status), ev.Version, ev.Status == event.StatusActive, ev.EndsAt)
+	if err != nil {
+		return Outcome{}, wrap("apply contributions", err)
+	}
+	if ev.Version < res.Stored {
 		return Outcome{Stale: true}, nil
 	}
-	n, err := recompute(ctx, tx, projects, objects)
-	if err != nil {
-		return Outcome{}, err
-	}
-	return Outcome{Contributions: len(projects) + len(objects), CardsRecomputed: n}, nil
+	return Outcome{Contributions: len(projects) + len(objects), CardsRecomputed: res.Cards}, nil
 }
 
 // splitTargets returns the distinct Project and PropertyObject target ids as
@@ -106,99 +104,94 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 	return projects, objects
 }
 
-// upsertContributions writes one contribution per target unless the event is
-// stale, and returns the purchase's stored version as it was before (0 when
-// none). One statement: the guard and the upsert see the same snapshot, taken
-// after the purchase lock.
-func upsertContributions(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged, projects, objects []string) (int64, error) {
-	kinds := make([]string, 0, len(projects)+len(objects))
-	ids := make([]string, 0, len(projects)+len(objects))
-	for _, id := range projects {
-		kinds, ids = append(kinds, string(event.TargetProject)), append(ids, id)
-	}
-	for _, id := range objects {
-		kinds, ids = append(kinds, string(event.TargetPropertyObject)), append(ids, id)
-	}
-	var stored int64
-	err := tx.GetContext(ctx, &stored, `WITH stored AS (
-			SELECT coalesce(max(version), 0) AS version
-			FROM catalog.promotion_contributions WHERE purchase_id = $1::uuid
-		), written AS (
-			INSERT INTO catalog.promotion_contributions AS c
-				(purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
-			SELECT $1::uuid, t.kind, t.id, $4::integer, $5::text, $6::bigint, $7::boolean, $8::timestamptz, now()
-			FROM unnest($2::text[], $3::uuid[]) AS t(kind, id), stored
-			WHERE $6::bigint >= stored.version
-			ON CONFLICT (purchase_id, target_kind, target_id) DO UPDATE SET
-				boost_weight = excluded.boost_weight, status = excluded.status, version = excluded.version,
-				active = excluded.active, ends_at = excluded.ends_at, updated_at = excluded.updated_at
-			WHERE c.version <= excluded.version
-				AND (c.boost_weight, c.status, c.version, c.ends_at)
-					IS DISTINCT FROM (excluded.boost_weight, excluded.status, excluded.version, excluded.ends_at)
-		)
-		SELECT version FROM stored`,
-		ev.PurchaseId, pq.Array(kinds), pq.Array(ids), ev.BoostWeight, string(ev.Status), ev.Version,
-		ev.Status == event.StatusActive, ev.EndsAt)
-	if err != nil {
-		return 0, wrap("upsert contributions", err)
-	}
-	return stored, nil
-}
-
-// recompute sets the boost of the project cards in projects and of the
-// property-object cards in objects or published under projects, writing only
-// the cards whose value changed, and returns how many it wrote. It must run
-// after the locks: its snapshot then holds every committed contribution.
-func recompute(ctx context.Context, tx *sqlx.Tx, projects, objects []string) (int, error) {
-	var n int
-	err := tx.GetContext(ctx, &n, recomputeSQL, pq.Array(projects), pq.Array(objects))
-	if err != nil {
-		return 0, wrap("recompute cards", err)
-	}
-	return n, nil
-}
-
-// recomputeSQL is the set-based form of projectBoost and objectBoost for
-// project ids $1 and property-object ids $2: each target's sum is read once,
-// however many cards share it (a project's sum feeds all of its published
-// objects).
-const recomputeSQL = `WITH objs AS (
-	SELECT id, project_id, published FROM catalog.property_object_cards
-	WHERE id = ANY($2::uuid[]) OR (published AND project_id = ANY($1::uuid[]))
-), sums AS (
-	SELECT c.target_kind, c.target_id, sum(c.boost_weight)::integer AS boost
-	FROM catalog.promotion_contributions c
-	JOIN (SELECT 'Project' AS kind, id FROM unnest($1::uuid[]) AS id
-		UNION SELECT 'Project', project_id FROM objs WHERE published
-		UNION SELECT 'PropertyObject', id FROM objs) t
-		ON c.target_kind = t.kind AND c.target_id = t.id
-	WHERE c.active
-	GROUP BY c.target_kind, c.target_id
+// applySQL upserts the contributions of purchase $1 (targets $2 kinds, $3
+// ids) and applies their deltas to the cards, and returns the purchase's
+// stored version as it was before (0 when none) and how many cards it wrote.
+//
+//   - old: the purchase's contributions before the event. The purchase lock
+//     is held, so no other event changes them before "written" does (ResetTx
+//     holds the table, and this statement waits before its snapshot).
+//   - written: the version guard per purchase (a stale event writes nothing)
+//     and per row; a duplicate (same version and values) writes nothing.
+//   - delta: new − old active weight of each written target, zeros left out.
+//   - project_rows, object_rows: the cards to change, locked in id order
+//     (lock.go), project cards first (object_rows waits for "projects"). An
+//     object's delta is its own target's plus, while published, its
+//     project's. FOR NO KEY UPDATE re-reads a row that a card upsert changed
+//     after this statement's snapshot, with its new project_id and published.
+//   - projects, objects: the writes, cards with a zero delta left out. The
+//     "= ANY(array)" conditions let both reads and writes use the indexes
+//     (primary keys and the project index).
+//
+// Nothing here writes a card's status, visibility or prices (INV-1).
+const applySQL = `WITH old AS (
+	SELECT target_kind, target_id, version, CASE WHEN active THEN boost_weight ELSE 0 END AS weight
+	FROM catalog.promotion_contributions WHERE purchase_id = $1::uuid
+), stored AS (
+	SELECT coalesce(max(version), 0) AS version FROM old
+), written AS (
+	INSERT INTO catalog.promotion_contributions AS c
+		(purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
+	SELECT $1::uuid, t.kind, t.id, $4::integer, $5::text, $6::bigint, $7::boolean, $8::timestamptz, now()
+	FROM unnest($2::text[], $3::uuid[]) AS t(kind, id), stored
+	WHERE $6::bigint >= stored.version
+	ON CONFLICT (purchase_id, target_kind, target_id) DO UPDATE SET
+		boost_weight = excluded.boost_weight, status = excluded.status, version = excluded.version,
+		active = excluded.active, ends_at = excluded.ends_at, updated_at = excluded.updated_at
+	WHERE c.version <= excluded.version
+		AND (c.boost_weight, c.status, c.version, c.ends_at)
+			IS DISTINCT FROM (excluded.boost_weight, excluded.status, excluded.version, excluded.ends_at)
+	RETURNING c.target_kind, c.target_id, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight
+), delta AS (
+	SELECT w.target_kind AS kind, w.target_id AS id, w.weight - coalesce(o.weight, 0) AS d
+	FROM written w LEFT JOIN old o ON o.target_kind = w.target_kind AND o.target_id = w.target_id
+	WHERE w.weight <> coalesce(o.weight, 0)
+), targets AS (
+	SELECT array_agg(id) FILTER (WHERE kind = 'Project') AS projects,
+		array_agg(id) FILTER (WHERE kind = 'PropertyObject') AS objects
+	FROM delta
+), project_rows AS (
+	SELECT p.id, (SELECT d FROM delta WHERE kind = 'Project' AND id = p.id) AS d
+	FROM catalog.project_cards p
+	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[])
+	ORDER BY p.id FOR NO KEY UPDATE
 ), projects AS (
-	UPDATE catalog.project_cards p SET promotion_boost = coalesce(s.boost, 0), updated_at = now()
-	FROM unnest($1::uuid[]) AS t(id)
-	LEFT JOIN sums s ON s.target_kind = 'Project' AND s.target_id = t.id
-	WHERE p.id = t.id AND p.promotion_boost <> coalesce(s.boost, 0)
+	UPDATE catalog.project_cards p SET promotion_boost = p.promotion_boost + r.d, updated_at = now()
+	FROM project_rows r
+	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[]) AND p.id = r.id
 	RETURNING 1
+), object_rows AS (
+	SELECT o.id, coalesce((SELECT d FROM delta WHERE kind = 'PropertyObject' AND id = o.id), 0)
+		+ CASE WHEN o.published
+			THEN coalesce((SELECT d FROM delta WHERE kind = 'Project' AND id = o.project_id), 0)
+			ELSE 0 END AS d
+	FROM catalog.property_object_cards o
+	WHERE (SELECT count(*) FROM projects) >= 0
+		AND (o.id = ANY((SELECT objects FROM targets)::uuid[])
+			OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[])))
+	ORDER BY o.id FOR NO KEY UPDATE
 ), objects AS (
-	UPDATE catalog.property_object_cards o SET promotion_boost = b.boost, updated_at = now()
-	FROM (SELECT objs.id,
-			coalesce(own.boost, 0) + CASE WHEN objs.published THEN coalesce(project.boost, 0) ELSE 0 END AS boost
-		FROM objs
-		LEFT JOIN sums own ON own.target_kind = 'PropertyObject' AND own.target_id = objs.id
-		LEFT JOIN sums project ON project.target_kind = 'Project' AND project.target_id = objs.project_id) b
-	WHERE o.id = b.id AND o.promotion_boost <> b.boost
+	UPDATE catalog.property_object_cards o SET promotion_boost = o.promotion_boost + r.d, updated_at = now()
+	FROM object_rows r
+	WHERE (o.id = ANY((SELECT objects FROM targets)::uuid[])
+			OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[])))
+		AND o.id = r.id AND r.d <> 0
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`
+SELECT (SELECT version FROM stored) AS stored,
+	(SELECT count(*) FROM projects) + (SELECT count(*) FROM objects) AS cards`
 
-// wrap adds context to a database error and classifies serialization
-// failures and deadlocks as ErrConflict.
+// wrap adds context to a database error and classifies as ErrConflict the
+// errors that a rollback and an immediate retry can clear: serialization
+// failures, deadlocks, a lock timeout (55P03, lock_not_available) and a full
+// shared lock table (53200, out of shared memory).
 func wrap(op string, err error) error {
 	var pqErr *pq.Error
-	if errors.As(err, &pqErr) &&
-		(pqErr.Code == pqerror.TRSerializationFailure || pqErr.Code == pqerror.TRDeadlockDetected) {
-		return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
+	if errors.As(err, &pqErr) {
+		switch pqErr.Code {
+		case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable, pqerror.OutOfMemory:
+			return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
+		}
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

@@ -274,8 +274,7 @@ func TestApply_ConcurrentContributionsToOneCardAreNotLost(t *testing.T) {
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	// The workers' last events start together, once the card upserts are
-	// done: a lost update survives only when the card's last writers
-	// overlap, because every recompute and card upsert sums from scratch.
+	// done, so that the card's last writers overlap too.
 	var lastRound sync.WaitGroup
 	lastRound.Add(workers + 1)
 	var mu sync.Mutex
@@ -371,16 +370,15 @@ func TestApply_ReplayIsDeterministic(t *testing.T) {
 	// Three projects with published and unpublished objects, plus targets
 	// whose cards never arrive.
 	var targets []event.Target
-	published := map[uuid.UUID]bool{}
-	projectOf := map[uuid.UUID]uuid.UUID{}
 	var projects []uuid.UUID
+	objects := map[uuid.UUID]boost.PropertyObjectCard{}
 	for range 3 {
 		p := b.newProject(t)
 		projects = append(projects, p)
 		targets = append(targets, onProject(p))
 		for k := range 4 {
 			o := b.newObject(t, p, k != 3)
-			published[o], projectOf[o] = k != 3, p
+			objects[o] = objectCard(o, p, k != 3)
 			targets = append(targets, onObject(o))
 		}
 	}
@@ -424,36 +422,7 @@ func TestApply_ReplayIsDeterministic(t *testing.T) {
 	}
 
 	// What the seed's formula gives for the final state of every purchase.
-	projectSum := map[uuid.UUID]int{}
-	objectSum := map[uuid.UUID]int{}
-	for _, f := range finals {
-		if f.Status != event.StatusActive {
-			continue
-		}
-		seen := map[event.Target]bool{}
-		for _, tg := range f.Targets {
-			if seen[tg] {
-				continue
-			}
-			seen[tg] = true
-			switch tg.TargetKind {
-			case event.TargetProject:
-				projectSum[tg.TargetId] += f.BoostWeight
-			case event.TargetPropertyObject:
-				objectSum[tg.TargetId] += f.BoostWeight
-			}
-		}
-	}
-	want := map[uuid.UUID]int{}
-	for _, p := range projects {
-		want[p] = projectSum[p]
-	}
-	for o, p := range projectOf {
-		want[o] = objectSum[o]
-		if published[o] {
-			want[o] += projectSum[p]
-		}
-	}
+	want := wantBoosts(finals, projects, objects)
 
 	for _, ev := range sequence {
 		b.apply(t, ev)

@@ -9,8 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
-
-	"github.com/promoflow/promoflow/handlers/event"
 )
 
 // ErrNotFound is returned by the getters for a card that does not exist.
@@ -66,8 +64,8 @@ func UpsertProjectCardTx(ctx context.Context, tx *sqlx.Tx, c ProjectCard) error 
 	if c.ID == uuid.Nil {
 		return fmt.Errorf("project card: id must not be empty: %w", ErrInvalidCard)
 	}
-	id := []string{c.ID.String()}
-	if err := lock(ctx, tx, nil, id, nil, nil); err != nil {
+	// Exclusive: no event of this project overlaps the sum (lock.go).
+	if err := lock(ctx, tx, locks{Projects: []string{c.ID.String()}}); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.project_cards (`+projectColumns+`)
@@ -91,10 +89,10 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 	if c.ID == uuid.Nil || c.ProjectID == uuid.Nil {
 		return fmt.Errorf("property object card: id and project id must not be empty: %w", ErrInvalidCard)
 	}
-	// The new project, then the card: the order Apply uses. Holding the
-	// project keeps a concurrent project event from missing this card in its
-	// cascade, or this upsert from missing that event's contribution.
-	if err := lock(ctx, tx, nil, []string{c.ProjectID.String()}, []string{c.ID.String()}, nil); err != nil {
+	// Exclusive, the new project and then the card: a concurrent event of
+	// either neither misses this card in its cascade nor has its
+	// contribution missed by the sums below (lock.go).
+	if err := lock(ctx, tx, locks{Projects: []string{c.ProjectID.String()}, Objects: []string{c.ID.String()}}); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.property_object_cards (`+objectColumns+`)
@@ -108,24 +106,6 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 		return wrap("upsert property object card", err)
 	}
 	return nil
-}
-
-// sumOf is the SQL sum of the active contributions of one target.
-func sumOf(kind event.TargetKind, id string) string {
-	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
-		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
-}
-
-// projectBoost is the SQL boost of the project card with the given id.
-func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
-
-// objectBoost is the SQL boost of a property-object card. The project part
-// counts only while the card is published, so that the value is a function of
-// the replica and the card alone: the cascade never reaches an unpublished
-// card, and a replay after a rebuild must reproduce every card.
-func objectBoost(id, projectID, published string) string {
-	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
-		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
 }
 
 // GetProjectCard reads one project card; ErrNotFound when there is none.
@@ -169,13 +149,11 @@ func ListPropertyObjectCards(ctx context.Context, q sqlx.QueryerContext, project
 
 // ResetTx empties the projection for a rebuild, in tx: it deletes every
 // contribution and sets every card's boost to 0. Card data other than the
-// boost is kept. The caller forgets the consumer's dedup marks in the same tx.
+// boost is kept; the caller forgets the consumer's dedup marks in the same tx.
+// Events and card upserts wait until tx ends, so that none computes a boost
+// from the contributions being deleted and the replay's deltas start from zero.
 func ResetTx(ctx context.Context, tx *sqlx.Tx) error {
-	// EXCLUSIVE waits for in-flight events that wrote contributions and holds
-	// new ones back until commit, so none lands half on each side of the
-	// reset. Card upserts only read the table and are not held back.
-	_, err := tx.ExecContext(ctx, `
-		LOCK TABLE catalog.promotion_contributions IN EXCLUSIVE MODE;
+	_, err := tx.ExecContext(ctx, lockProjectionSQL+`;
 		DELETE FROM catalog.promotion_contributions;
 		UPDATE catalog.project_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;
 		UPDATE catalog.property_object_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;`)

@@ -214,3 +214,48 @@ func (b bundle) waitBlocked(t *testing.T, pid int) {
 		return err == nil && waiting
 	}, 10*time.Second, 5*time.Millisecond, "backend %d never waited for a lock", pid)
 }
+
+// requireNoDrift checks that every card's boost equals the seed's formula
+// recomputed from the replica.
+func (b bundle) requireNoDrift(t *testing.T, msgAndArgs ...any) {
+	t.Helper()
+	drift, err := boost.Drift(context.Background(), b.db)
+	require.NoError(t, err)
+	require.Empty(t, drift, msgAndArgs...)
+}
+
+// wantBoosts is the seed's formula in Go: the boost of every given card from
+// the latest applied snapshot of each purchase.
+func wantBoosts(applied map[uuid.UUID]event.PurchaseChanged, projects []uuid.UUID, objects map[uuid.UUID]boost.PropertyObjectCard) map[uuid.UUID]int {
+	projectSum := map[uuid.UUID]int{}
+	objectSum := map[uuid.UUID]int{}
+	for _, ev := range applied {
+		if ev.Status != event.StatusActive {
+			continue
+		}
+		seen := map[event.Target]bool{}
+		for _, tg := range ev.Targets {
+			if seen[tg] {
+				continue
+			}
+			seen[tg] = true
+			switch tg.TargetKind {
+			case event.TargetProject:
+				projectSum[tg.TargetId] += ev.BoostWeight
+			case event.TargetPropertyObject:
+				objectSum[tg.TargetId] += ev.BoostWeight
+			}
+		}
+	}
+	want := map[uuid.UUID]int{}
+	for _, p := range projects {
+		want[p] = projectSum[p]
+	}
+	for id, c := range objects {
+		want[id] = objectSum[id]
+		if c.Published {
+			want[id] += projectSum[c.ProjectID]
+		}
+	}
+	return want
+}

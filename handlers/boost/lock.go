@@ -7,6 +7,44 @@ import (
 	"github.com/lib/pq"
 )
 
+// Locking: at most one advisory lock per purchase and per target, however
+// many objects a project has (a project of 40,000 published objects once took
+// 40,000 locks and overflowed PostgreSQL's shared lock table: 53200).
+//
+// Lock order, the same in every transaction that writes a boost:
+//
+//  1. advisory locks, in one statement, sorted by (group, 64-bit key):
+//     the purchase (exclusive), then projects, then property objects;
+//  2. card rows, inside Apply's statement: project cards sorted by id, then
+//     property-object cards sorted by id (ORDER BY id FOR NO KEY UPDATE).
+//
+// A transaction waits only for a lock that comes later in this order than
+// every lock it holds, so writers of boosts never deadlock.
+//
+// Who takes what, and why:
+//
+//   - Apply: the purchase exclusive, so that the events of one purchase run
+//     one at a time and the contribution rows its statement reads as "old"
+//     are the ones it replaces; each Project and PropertyObject target
+//     shared. Events of different purchases add deltas, which commute: they
+//     share the target locks and queue only on the rows of the cards they
+//     both change (x = x + d under a row lock).
+//   - UpsertProjectCardTx: its project exclusive. UpsertPropertyObjectCardTx:
+//     its (new) project, then itself, exclusive. A card upsert computes the
+//     boost from sums, so it must not overlap an event on the same target:
+//     the upsert's sum would miss the event's contribution, or the event's
+//     cascade would miss the card (a new published object is a phantom to a
+//     snapshot taken before it was inserted). Whichever takes the target's
+//     lock second waits for the first one's commit and, because Apply and
+//     the upserts read only in statements after their lock statement (READ
+//     COMMITTED takes a new snapshot per statement), sees its rows.
+//   - An object that leaves a project (moved or unpublished) needs no lock on
+//     the project it leaves: an event of that project locks the object's row
+//     before it adds the delta and re-checks project_id and published on the
+//     row's newest version (EvalPlanQual), so it skips an object that has
+//     left, or adds to it before the upsert overwrites the boost with the
+//     sums of its new state.
+//
 // Lock names, hashed to 64-bit advisory-lock keys. The catalog prefix keeps
 // them apart from the advisory locks of other components.
 const (
@@ -15,48 +53,50 @@ const (
 	objectLock   = "catalog:card:PropertyObject:"
 )
 
-// Lock groups, taken in this order. lockSQL spells groupObject as 2.
+// Lock groups, taken in this order.
 const (
 	groupPurchase = iota
 	groupProject
 	groupObject
 )
 
-// lockSQL takes transaction-scoped advisory locks in one global order: the
-// purchases, then the project cards, then the property-object cards (the
-// given ones plus the published objects of the projects in $3), each group
-// sorted by its 64-bit key. Every writer of a card's boost (Apply and the card
-// upserts) takes its locks this way, so two of them never deadlock, and the
-// one that waited reads the other's committed rows afterwards (READ COMMITTED
-// takes a new snapshot per statement).
-//
-// ORDER BY applies before the volatile lock function is evaluated
+// lockSQL takes transaction-scoped advisory locks sorted by group and key:
+// the purchase group always exclusive, the targets shared when $3 is true.
+// ORDER BY applies before the volatile lock functions are evaluated
 // (PostgreSQL >= 9.6 postpones volatile output expressions past the sort).
 // A key listed twice is simply taken twice: advisory locks are re-entrant.
-const lockSQL = `SELECT pg_advisory_xact_lock(k) FROM (
-	SELECT g, hashtextextended(name, 0) AS k FROM unnest($1::integer[], $2::text[]) AS u(g, name)
-	UNION ALL
-	SELECT 2, hashtextextended('` + objectLock + `' || id::text, 0)
-	FROM catalog.property_object_cards WHERE published AND project_id = ANY($3::uuid[])
-) keys ORDER BY g, k`
+const lockSQL = `SELECT CASE WHEN g <> 0 AND $3::boolean THEN pg_advisory_xact_lock_shared(k)
+		ELSE pg_advisory_xact_lock(k) END
+	FROM (SELECT g, hashtextextended(name, 0) AS k FROM unnest($1::integer[], $2::text[]) AS u(g, name)) keys
+	ORDER BY g, k`
 
-// lock takes the advisory locks of the given purchases, project cards,
-// property-object cards and published objects of cascadeProjects (ids in
-// uuid.UUID.String form, as PostgreSQL prints them). The published objects
-// are read by this statement, so the caller must already hold the locks of
-// cascadeProjects.
-func lock(ctx context.Context, tx *sqlx.Tx, purchases, projects, objects, cascadeProjects []string) error {
-	n := len(purchases) + len(projects) + len(objects)
+// locks names the advisory locks one transaction takes (ids in
+// uuid.UUID.String form, as PostgreSQL prints them).
+type locks struct {
+	// Purchase is locked exclusive when not empty.
+	Purchase string
+	// Projects and Objects are the targets' locks.
+	Projects, Objects []string
+	// Shared takes the target locks shared (events) instead of exclusive
+	// (card upserts).
+	Shared bool
+}
+
+// lock takes l in the global lock order.
+func lock(ctx context.Context, tx *sqlx.Tx, l locks) error {
+	n := 1 + len(l.Projects) + len(l.Objects)
 	groups, names := make([]int64, 0, n), make([]string, 0, n)
-	add := func(group int64, prefix string, ids []string) {
+	add := func(group int64, prefix string, ids ...string) {
 		for _, id := range ids {
 			groups, names = append(groups, group), append(names, prefix+id)
 		}
 	}
-	add(groupPurchase, purchaseLock, purchases)
-	add(groupProject, projectLock, projects)
-	add(groupObject, objectLock, objects)
-	_, err := tx.ExecContext(ctx, lockSQL, pq.Array(groups), pq.Array(names), pq.Array(cascadeProjects))
+	if l.Purchase != "" {
+		add(groupPurchase, purchaseLock, l.Purchase)
+	}
+	add(groupProject, projectLock, l.Projects...)
+	add(groupObject, objectLock, l.Objects...)
+	_, err := tx.ExecContext(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared)
 	if err != nil {
 		return wrap("take advisory locks", err)
 	}

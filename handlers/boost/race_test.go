@@ -2,10 +2,15 @@ package boost_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/boost"
@@ -13,8 +18,8 @@ import (
 )
 
 // These tests pin the interleavings that lose a contribution without the
-// advisory locks: the second writer must wait for the first one's commit and
-// then read its rows.
+// locks of lock.go: the second writer must wait for the first one's commit
+// and then read its rows.
 
 // step is one transaction's work in an interleaving.
 type step func(context.Context, *sqlx.Tx) error
@@ -89,4 +94,207 @@ func TestApply_CardUpsertRacingProjectEventGetsTheBoost(t *testing.T) {
 			require.Equal(t, 10, b.objectBoost(t, object), "the new published object gets its project's boost")
 		})
 	}
+}
+
+func TestApply_CardLeavingProjectDuringProjectEventKeepsOnlyItsNewBoost(t *testing.T) {
+	type leave struct {
+		card func(project, other, object uuid.UUID) boost.PropertyObjectCard
+		want int
+	}
+	leaves := map[string]leave{
+		"moved":       {func(_, other, o uuid.UUID) boost.PropertyObjectCard { return objectCard(o, other, true) }, 30},
+		"unpublished": {func(p, _, o uuid.UUID) boost.PropertyObjectCard { return objectCard(o, p, false) }, 0},
+	}
+	for name, l := range leaves {
+		for _, eventFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s, event first %t", name, eventFirst), func(t *testing.T) {
+				b := setup(t)
+				project, other := b.newProject(t), b.newProject(t)
+				object := b.newObject(t, project, true)
+				b.apply(t, changed(uuid.New(), event.StatusActive, 30, 1, onProject(other)))
+				upsert := func(ctx context.Context, tx *sqlx.Tx) error {
+					return boost.UpsertPropertyObjectCardTx(ctx, tx, l.card(project, other, object))
+				}
+				if eventFirst {
+					interleave(t, b, projectEvent(project, 10), upsert)
+				} else {
+					interleave(t, b, upsert, projectEvent(project, 10))
+				}
+
+				require.Equal(t, 10, b.projectBoost(t, project))
+				require.Equal(t, l.want, b.objectBoost(t, object), "the project it left no longer counts")
+				b.requireNoDrift(t)
+			})
+		}
+	}
+}
+
+func TestApply_ConcurrentEventsOnSharedCardsInAnyOrderDoNotDeadlock(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	const workers, perWorker = 6, 15
+
+	var targets []event.Target
+	for range 3 {
+		p := b.newProject(t)
+		targets = append(targets, onProject(p))
+		for range 3 {
+			targets = append(targets, onObject(b.newObject(t, p, true)))
+		}
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			<-start
+			for range perWorker {
+				// Four targets in a random order: the cards they address
+				// overlap every other worker's, in another order.
+				tg := slices.Clone(targets)
+				rng.Shuffle(len(tg), func(i, j int) { tg[i], tg[j] = tg[j], tg[i] })
+				ev := changed(uuid.New(), event.StatusActive, 1+rng.IntN(100), 1, tg[:4]...)
+				err := inTx(ctx, b.db, func(tx *sqlx.Tx) error {
+					if _, err := boost.Apply(ctx, tx, ev); err != nil {
+						return err
+					}
+					_, err := tx.ExecContext(ctx, `SELECT pg_sleep(0.002)`)
+					return err
+				})
+				if !assert.NoError(t, err, "no deadlock, no conflict to retry") {
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.False(t, t.Failed())
+	b.requireNoDrift(t)
+}
+
+func TestApply_EventsOfOnePurchaseSerialise(t *testing.T) {
+	// A replay racing the live consumer: the same purchase's snapshots in
+	// two transactions, the second started before the first commits.
+	cases := map[string]struct {
+		second event.Status
+		want   int
+	}{
+		"next Active snapshot":     {event.StatusActive, 25},
+		"expiry racing activation": {event.StatusExpired, 0},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := setup(t)
+			project := b.newProject(t)
+			object := b.newObject(t, project, true)
+			purchase := uuid.New()
+			snapshot := func(status event.Status, version int64) step {
+				return func(ctx context.Context, tx *sqlx.Tx) error {
+					_, err := boost.Apply(ctx, tx, changed(purchase, status, 25, version, onProject(project)))
+					return err
+				}
+			}
+			interleave(t, b, snapshot(event.StatusActive, 1), snapshot(c.second, 2))
+
+			require.Equal(t, c.want, b.projectBoost(t, project))
+			require.Equal(t, c.want, b.objectBoost(t, object))
+			b.requireNoDrift(t)
+		})
+	}
+}
+
+func TestResetTx_RacingCardUpsertLeavesNoBoostBehind(t *testing.T) {
+	reset := func(ctx context.Context, tx *sqlx.Tx) error { return boost.ResetTx(ctx, tx) }
+	for _, resetFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("reset first %t", resetFirst), func(t *testing.T) {
+			b := setup(t)
+			project := b.newProject(t)
+			object := b.newObject(t, project, true)
+			b.apply(t, changed(uuid.New(), event.StatusActive, 40, 1, onProject(project)))
+			upsert := func(ctx context.Context, tx *sqlx.Tx) error {
+				return boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(object, project, true))
+			}
+			if resetFirst {
+				interleave(t, b, reset, upsert)
+			} else {
+				interleave(t, b, upsert, reset)
+			}
+
+			require.Zero(t, b.objectBoost(t, object), "a rebuild's replay starts from zero")
+			b.requireNoDrift(t)
+		})
+	}
+}
+
+func TestApply_ConcurrentEventsAndCardMovesLeaveNoDrift(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	const workers, perWorker = 4, 30
+
+	var projects, objects []uuid.UUID
+	for range 3 {
+		projects = append(projects, b.newProject(t))
+	}
+	for i := range 6 {
+		objects = append(objects, b.newObject(t, projects[i%3], true))
+	}
+	var targets []event.Target
+	for _, p := range projects {
+		targets = append(targets, onProject(p))
+	}
+	for _, o := range objects {
+		targets = append(targets, onObject(o))
+	}
+
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	done := make(chan struct{})
+	var events sync.WaitGroup
+	for w := range workers {
+		events.Add(1)
+		wg.Go(func() {
+			defer events.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			<-start
+			for range perWorker {
+				tg := slices.Clone(targets)
+				rng.Shuffle(len(tg), func(i, j int) { tg[i], tg[j] = tg[j], tg[i] })
+				ev := changed(uuid.New(), event.StatusActive, 1+rng.IntN(100), 1, tg[:1+rng.IntN(3)]...)
+				evs := []event.PurchaseChanged{ev}
+				if rng.IntN(3) == 0 {
+					ev.Status, ev.Version = event.StatusExpired, 2
+					evs = append(evs, ev)
+				}
+				for _, ev := range evs {
+					if !assert.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { _, err := boost.Apply(ctx, tx, ev); return err })) {
+						return
+					}
+				}
+			}
+		})
+	}
+	// Chessboard moves, publishes and unpublishes objects until the events
+	// are done.
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(99, 11))
+		<-start
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			c := objectCard(objects[rng.IntN(len(objects))], projects[rng.IntN(len(projects))], rng.IntN(3) > 0)
+			if !assert.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return boost.UpsertPropertyObjectCardTx(ctx, tx, c) })) {
+				return
+			}
+		}
+	})
+	close(start)
+	events.Wait()
+	close(done)
+	wg.Wait()
+	require.False(t, t.Failed())
+	b.requireNoDrift(t)
 }

@@ -1,0 +1,97 @@
+package boost
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// The seed's formula, computed from the replica. Apply keeps every card equal
+// to it by deltas; the card upserts compute it for the one card they write,
+// and Drift and RecomputeAllTx compare and repair every card against it.
+
+// sumOf is the SQL sum of the active contributions of one target.
+func sumOf(kind event.TargetKind, id string) string {
+	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
+		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
+}
+
+// projectBoost is the SQL boost of the project card with the given id.
+func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
+
+// objectBoost is the SQL boost of a property-object card. The project part
+// counts only while the card is published, so that the value is a function of
+// the replica and the card alone: the cascade never reaches an unpublished
+// card, and a replay after a rebuild must reproduce every card.
+func objectBoost(id, projectID, published string) string {
+	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
+		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
+}
+
+// lockProjectionSQL holds back every writer of boosts (events and card
+// upserts) until the transaction ends, and waits for those in flight, so that
+// a write of the whole projection has none half on each side of it. EXCLUSIVE
+// lets reads through. An event waits at the contribution table before it has
+// locked any card row, so the order of the three tables cannot deadlock it.
+const lockProjectionSQL = `LOCK TABLE catalog.promotion_contributions, catalog.project_cards,
+	catalog.property_object_cards IN EXCLUSIVE MODE`
+
+// CardDrift is a card whose stored boost differs from the replica's sum.
+type CardDrift struct {
+	// Kind is Project for a project card, PropertyObject for an object card.
+	Kind   event.TargetKind `db:"kind"`
+	ID     uuid.UUID        `db:"id"`
+	Stored int              `db:"stored"`
+	Want   int              `db:"want"`
+}
+
+// driftSQL lists the cards whose boost is not the formula's, in kind and id
+// order.
+var driftSQL = `SELECT kind, id, stored, want FROM (
+	SELECT 'Project' AS kind, id, promotion_boost AS stored, ` + projectBoost("id") + ` AS want
+	FROM catalog.project_cards
+	UNION ALL
+	SELECT 'PropertyObject', id, promotion_boost, ` + objectBoost("id", "project_id", "published") + `
+	FROM catalog.property_object_cards
+) cards WHERE stored <> want`
+
+// Drift lists the cards whose boost differs from the replica's sum, for an
+// audit of the deltas. It needs no lock: every committed write keeps the cards
+// equal to the sums, so one statement's snapshot shows drift only where the
+// data has drifted.
+func Drift(ctx context.Context, q sqlx.QueryerContext) ([]CardDrift, error) {
+	var out []CardDrift
+	if err := sqlx.SelectContext(ctx, q, &out, driftSQL+` ORDER BY kind, id`); err != nil {
+		return nil, fmt.Errorf("audit card boosts: %w", err)
+	}
+	return out, nil
+}
+
+// RecomputeAllTx sets the boost of every card that drifted to the replica's
+// sum, in tx, and returns how many cards it changed (0: no drift). It holds
+// back events and card upserts until tx ends. Only promotion_boost is written
+// (INV-1).
+func RecomputeAllTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
+	if _, err := tx.ExecContext(ctx, lockProjectionSQL); err != nil {
+		return 0, wrap("lock projection", err)
+	}
+	var n int
+	err := tx.GetContext(ctx, &n, `WITH drift AS (`+driftSQL+`), projects AS (
+			UPDATE catalog.project_cards p SET promotion_boost = d.want, updated_at = now()
+			FROM drift d WHERE d.kind = 'Project' AND p.id = d.id
+			RETURNING 1
+		), objects AS (
+			UPDATE catalog.property_object_cards o SET promotion_boost = d.want, updated_at = now()
+			FROM drift d WHERE d.kind = 'PropertyObject' AND o.id = d.id
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`)
+	if err != nil {
+		return 0, wrap("recompute cards", err)
+	}
+	return n, nil
+}
