@@ -21,6 +21,7 @@ Usage:
   promoflow catalog [flags]      run the catalog context (Promotion Boost consumer, card feed, rebuild)
   promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer (--list: what it holds)
   promoflow rebuild [flags]      rebuild the PromotionBoost projection from the purchase topic
+  promoflow audit [flags]        check (and --repair) card boosts against the replica and the topic
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow help                 show this help
 
@@ -39,6 +40,9 @@ func main() {
 		if errors.As(err, new(usageError)) {
 			fmt.Fprint(os.Stderr, usage)
 			os.Exit(2)
+		}
+		if errors.Is(err, errDrift) {
+			os.Exit(3)
 		}
 		os.Exit(1)
 	}
@@ -60,6 +64,8 @@ func run(ctx context.Context, args []string) error {
 		return runDLQReplay(ctx, rest)
 	case "rebuild":
 		return runRebuild(ctx, rest)
+	case "audit":
+		return runAudit(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
 	case "help", "-h", "--help":

@@ -17,6 +17,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/audit"
 	"github.com/promoflow/promoflow/router/dlqreplay"
 	"github.com/promoflow/promoflow/router/kafkakit"
 )
@@ -45,6 +46,9 @@ type CatalogConfig struct {
 	DedupRetention time.Duration
 	// JanitorInterval is the time between dedup key cleanups. Defaults to 1h.
 	JanitorInterval time.Duration
+	// AuditInterval is the time between audits of the card boosts against
+	// the replica (catalog_promotion_drift_cards). Defaults to 5m.
+	AuditInterval time.Duration
 }
 
 func (c *CatalogConfig) setDefaults() {
@@ -56,6 +60,7 @@ func (c *CatalogConfig) setDefaults() {
 	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
 	c.DedupRetention = cmp.Or(c.DedupRetention, 7*24*time.Hour)
 	c.JanitorInterval = cmp.Or(c.JanitorInterval, time.Hour)
+	c.AuditInterval = cmp.Or(c.AuditInterval, 5*time.Minute)
 }
 
 // Validate reports every missing setting.
@@ -153,7 +158,25 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		m.DedupCleaned.Add(float64(n))
 		return nil
 	})
-	c.tickers = append(c.tickers, janitor)
+	auditor, err := audit.New(audit.Config{DB: db, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	audits := newTickSource("catalog.audit.tick", cfg.AuditInterval, wlog)
+	r.AddConsumerHandler("boost_audit", audits.topic, audits.pubsub, func(msg *message.Message) error {
+		rep, err := auditor.Cards(msg.Context())
+		if err != nil {
+			log.Warn("card audit failed", "error", err.Error())
+			return nil
+		}
+		m.DriftCards.Set(float64(rep.Drifted))
+		if rep.Drifted > 0 {
+			log.Warn("card boosts drifted from the replica", "drifted", rep.Drifted, "checked", rep.Checked,
+				"samples", rep.Samples, "fix", "promoflow audit --repair")
+		}
+		return nil
+	})
+	c.tickers = append(c.tickers, janitor, audits)
 	return c, nil
 }
 

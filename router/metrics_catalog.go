@@ -17,6 +17,7 @@ type CatalogMetrics struct {
 	ContractMismatch prometheus.Counter
 	Consumed         *prometheus.CounterVec
 	DedupCleaned     prometheus.Counter
+	DriftCards       prometheus.Gauge
 	lag              *lagTracker
 }
 
@@ -46,12 +47,14 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 			[]string{"outcome"}),
 		DedupCleaned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "catalog_promotion_dedup_keys_cleaned_total", Help: "Dedup keys deleted after their retention."}),
+		DriftCards: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "catalog_promotion_drift_cards", Help: "Cards whose PromotionBoost differs from the replica's sum at the last audit."}),
 	}
 	for _, o := range []string{"applied", "stale", "duplicate", "post_only"} {
 		m.Consumed.WithLabelValues(o)
 	}
 	for _, c := range []prometheus.Collector{m.Lag, m.ConsumeDuration, m.CardsRecomputed, m.Stale, m.Retries,
-		m.DLQ, m.ContractMismatch, m.Consumed, m.DedupCleaned} {
+		m.DLQ, m.ContractMismatch, m.Consumed, m.DedupCleaned, m.DriftCards} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("register catalog metrics"), err)
 		}

@@ -3,9 +3,11 @@ package boost
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
@@ -92,6 +94,61 @@ func RecomputeAllTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`)
 	if err != nil {
 		return 0, wrap("recompute cards", err)
+	}
+	return n, nil
+}
+
+// RepairTx recomputes the given cards from the replica, in tx, under the
+// locks a card upsert takes: their targets exclusive, an object card's
+// project included (its boost holds the project's sum). A live event on those
+// targets commits before or waits, so a repair is safe while the consumer
+// runs. It writes only cards that still differ and returns how many it changed.
+// A card whose project moved while the locks were taken is an ErrConflict:
+// run the repair again.
+func RepairTx(ctx context.Context, tx *sqlx.Tx, cards []CardDrift) (int, error) {
+	var projects, objects []string
+	for _, c := range cards {
+		if c.Kind == event.TargetProject {
+			projects = append(projects, c.ID.String())
+		} else {
+			objects = append(objects, c.ID.String())
+		}
+	}
+	homes := func() ([]string, error) {
+		var ids []string
+		err := tx.SelectContext(ctx, &ids, `SELECT DISTINCT project_id::text FROM catalog.property_object_cards
+			WHERE id = ANY($1::uuid[]) ORDER BY 1`, pq.Array(objects))
+		return ids, err
+	}
+	before, err := homes()
+	if err != nil {
+		return 0, wrap("read card projects", err)
+	}
+	if err := lock(ctx, tx, locks{Projects: append(projects, before...), Objects: objects}); err != nil {
+		return 0, err
+	}
+	// Only an upsert moves an object, and it needs the object's lock, which
+	// is held now: the projects can have changed only before it was taken.
+	after, err := homes()
+	if err != nil {
+		return 0, wrap("read card projects", err)
+	}
+	if !slices.Equal(before, after) {
+		return 0, fmt.Errorf("repair cards: a card moved to another project meanwhile: %w", ErrConflict)
+	}
+	var n int
+	err = tx.GetContext(ctx, &n, `WITH projects AS (
+			UPDATE catalog.project_cards SET promotion_boost = `+projectBoost("id")+`, updated_at = now()
+			WHERE id = ANY($1::uuid[]) AND promotion_boost <> `+projectBoost("id")+`
+			RETURNING 1
+		), objects AS (
+			UPDATE catalog.property_object_cards SET promotion_boost = `+objectBoost("id", "project_id", "published")+`, updated_at = now()
+			WHERE id = ANY($2::uuid[]) AND promotion_boost <> `+objectBoost("id", "project_id", "published")+`
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`, pq.Array(projects), pq.Array(objects))
+	if err != nil {
+		return 0, wrap("repair cards", err)
 	}
 	return n, nil
 }

@@ -2,6 +2,7 @@ package boost_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -60,4 +61,40 @@ func TestRecomputeAllTx_RepairsDriftedCardsAndTheirBoostOnly(t *testing.T) {
 	require.Equal(t, before, after, "INV-1: only the boost is written")
 
 	require.Zero(t, recompute(), "nothing left to repair")
+}
+
+// TestRepairTx_RacingALiveEventLeavesNoDrift: a repair of drifted cards takes
+// the locks a card upsert takes, so an event on the same project, before or
+// after it, keeps its delta.
+func TestRepairTx_RacingALiveEventLeavesNoDrift(t *testing.T) {
+	for _, repairFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("repair first %t", repairFirst), func(t *testing.T) {
+			b := setup(t)
+			project := b.newProject(t)
+			object := b.newObject(t, project, true)
+			b.apply(t, changed(uuid.New(), event.StatusActive, 20, 1, onProject(project)))
+			_, err := b.db.Exec(`UPDATE catalog.property_object_cards SET promotion_boost = 99 WHERE id = $1`, object)
+			require.NoError(t, err)
+			drift, err := boost.Drift(context.Background(), b.db)
+			require.NoError(t, err)
+			require.Len(t, drift, 1)
+
+			repair := func(ctx context.Context, tx *sqlx.Tx) error {
+				n, err := boost.RepairTx(ctx, tx, drift)
+				if err == nil && n != 1 {
+					err = fmt.Errorf("repaired %d cards, want 1", n)
+				}
+				return err
+			}
+			if repairFirst {
+				interleave(t, b, repair, projectEvent(project, 7))
+			} else {
+				interleave(t, b, projectEvent(project, 7), repair)
+			}
+
+			require.Equal(t, 27, b.objectBoost(t, object))
+			require.Equal(t, 27, b.projectBoost(t, project))
+			b.requireNoDrift(t)
+		})
+	}
 }
