@@ -26,6 +26,7 @@ type catalogConfig struct {
 	RetryInitial   time.Duration
 	RetryMax       time.Duration
 	DedupRetention time.Duration
+	AuditInterval  time.Duration
 	Topics         topicConfig
 }
 
@@ -40,6 +41,7 @@ func (c *catalogConfig) register(s *settings) {
 	s.dur(&c.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", time.Second, "first backoff after an infrastructure error")
 	s.dur(&c.RetryMax, "retry-max", "CATALOG_RETRY_MAX", time.Minute, "largest backoff after infrastructure errors")
 	s.dur(&c.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", 7*24*time.Hour, "how long dedup keys are kept")
+	s.dur(&c.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", 5*time.Minute, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
 	c.Topics.register(s)
 }
 
@@ -79,7 +81,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	c, err := router.NewCatalog(db, metrics, log, router.CatalogConfig{
 		Brokers: brokers, Enabled: cfg.Enabled, Topic: cfg.Topic, ReplayTopic: cfg.ReplayTopic,
 		DLQTopic: cfg.DLQTopic, ConsumerGroup: cfg.ConsumerGroup, RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax,
-		DedupRetention: cfg.DedupRetention,
+		DedupRetention: cfg.DedupRetention, AuditInterval: cfg.AuditInterval,
 	})
 	if err != nil {
 		return err
@@ -92,7 +94,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },
-		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, mux, log) },
+		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, api.JSONErrors(mux), log) },
 		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil },
 	)
 }

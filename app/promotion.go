@@ -114,7 +114,7 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	(&api.Promotions{Service: &purchase.Service{DB: db, Topic: cfg.Topic, IdempotencyRetention: cfg.KeyRetention}, Tokens: tokens, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
-		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, mux, log) },
+		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, api.JSONErrors(mux), log) },
 	)
 }
 

@@ -9,6 +9,9 @@
 #   scripts/stack.sh status   say what runs (exit 0 if both run, 3 otherwise)
 #   scripts/stack.sh down [postgres|kafka]...
 #                             stop Kafka and PostgreSQL cleanly (or only those named)
+#   scripts/stack.sh restart postgres
+#                             pg_ctl restart -m fast: every connection is cut, the
+#                             server comes back on the same port (fault tests)
 #
 # Stdout carries only the export lines; every progress message goes to stderr.
 # Both services listen on 127.0.0.1 only.
@@ -468,6 +471,16 @@ cmd_down() {
 	if ((want_pg)); then pg_down; fi
 }
 
+# pg_ctl restart keeps the options the server was started with.
+pg_restart() {
+	local dir bindir
+	dir=$(pg_dir)
+	pg_running || die "PostgreSQL is not running"
+	bindir=$(pg_bindir "$dir/data")
+	log "restarting PostgreSQL (fast)"
+	as_pg "$bindir/pg_ctl" -D "$dir/data" -m fast -w -t 60 -l "$dir/postgresql.log" restart >&2
+}
+
 cmd_status() {
 	local rc=0 pid
 	if pg_running; then
@@ -493,10 +506,15 @@ cmd_status() {
 case ${1:-} in
 up) cmd_up "${@:2}" ;;
 down) cmd_down "${@:2}" ;;
+restart)
+	[[ ${2:-} == postgres ]] || die "restart takes postgres"
+	take_lock
+	pg_restart
+	;;
 env) env_lines ;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up [postgres|kafka]...|down [postgres|kafka]...|env|status}" >&2
+	echo "usage: $0 {up [postgres|kafka]...|down [postgres|kafka]...|restart postgres|env|status}" >&2
 	exit 2
 	;;
 esac

@@ -8,8 +8,10 @@
 #    KAFKA_BROKERS are both set already (then those are used as they are);
 # 3. go vet ./... and go test -race -count=1 -timeout 30m -v ./... "$@";
 # 4. a short fuzz run (15s) for every Fuzz* function in the repo;
-# 5. stops the services that it started itself, and exits non-zero if any
-#    step failed (with go test's own status when go test failed).
+# 5. stops the services that it started itself;
+# 6. the fault-injection suite in its short form (scripts/faults.sh short, on
+#    a stack of its own; PROMOFLOW_SKIP_FAULTS=1 skips it), and exits non-zero
+#    if any step failed (with go test's own status when go test failed).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -131,16 +133,27 @@ while read -r pkg name; do
 done < <(find_fuzz_targets)
 
 # Stop our services now rather than in the EXIT trap, so that the summary
-# below really is the last output.
+# below really is the last output (and the fault suite has the machine).
 stop_started
 STARTED=()
+
+faults_rc=0
+faults_note="skipped (PROMOFLOW_SKIP_FAULTS=1)"
+if [[ ${PROMOFLOW_SKIP_FAULTS:-0} != 1 ]]; then
+	faults_out=$(mktemp)
+	log "fault suite: scripts/faults.sh short"
+	bash "$ROOT/scripts/faults.sh" short 2>&1 | tee "$faults_out" || faults_rc=$?
+	faults_note=$(grep -E '^faults:' "$faults_out" | tail -n 1 | sed 's/^faults: //')
+	faults_note=${faults_note:-"did not finish (exit $faults_rc)"}
+	rm -f "$faults_out"
+fi
 
 # -------------------------------------------------------------------- summary
 
 rc=0
 if ((test_rc != 0)); then
 	rc=$test_rc
-elif ((vet_rc != 0 || rules_rc != 0 || ${#fuzz_failed[@]} != 0)); then
+elif ((vet_rc != 0 || rules_rc != 0 || faults_rc != 0 || ${#fuzz_failed[@]} != 0)); then
 	rc=1
 fi
 vet_note=ok
@@ -154,7 +167,7 @@ verdict=PASS
 echo
 rules_note=ok
 ((rules_rc == 0)) || rules_note=FAILED
-echo "test.sh: $verdict: go vet $vet_note; alert rules $rules_note; go test $test_note; fuzz $fuzz_note; stack: $STACK_NOTE"
+echo "test.sh: $verdict: go vet $vet_note; alert rules $rules_note; go test $test_note; fuzz $fuzz_note; faults $faults_note; stack: $STACK_NOTE"
 echo "packages: $pkgs_ok ok, $pkgs_failed failed"
 # Closing line in the plain "N passed, N failed" form, counting top-level tests.
 echo "tests: $tests_ok passed, $tests_failed failed, $tests_skipped skipped"

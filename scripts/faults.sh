@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# promoflow's fault-injection suite over the real processes.
+#
+#   scripts/faults.sh [short|full] [extra go test args...]
+#
+# short (the default, what CI runs) takes a few minutes; full uses the sizes of
+# the scenarios' names (10k due purchases, 10k bad records, 10k bad requests).
+# It starts a PostgreSQL and a Kafka of its own (state in
+# ~/.cache/promoflow/faults-stack, ports 25442, 29102 and 29103; override with
+# PROMOFLOW_FAULTS_STACK_DIR and PROMOFLOW_FAULTS_*_PORT), because its scenarios
+# restart them; installs Debian's prometheus when missing; runs
+# go test -tags faults ./scripts/faults; prints one line per scenario and a
+# final "faults: N passed, N failed" line; and stops that stack again.
+# Process logs and Prometheus' data go to $FAULTS_LOG_DIR (default: a temp dir).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+FORM=${1:-short}
+shift || true
+case $FORM in short | full) ;; *) echo "usage: $0 [short|full] [go test args...]" >&2; exit 2 ;; esac
+
+log() { printf 'faults.sh: %s\n' "$*" >&2; }
+
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+	export PATH=$PATH:/usr/local/go/bin
+fi
+if ! command -v prometheus >/dev/null; then
+	[[ $(id -u) -eq 0 ]] || { log "prometheus is missing (apt-get install prometheus)"; exit 1; }
+	log "installing prometheus (Debian package)"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
+fi
+
+export PROMOFLOW_STACK_DIR=${PROMOFLOW_FAULTS_STACK_DIR:-$HOME/.cache/promoflow/faults-stack}
+export PROMOFLOW_PG_PORT=${PROMOFLOW_FAULTS_PG_PORT:-25442}
+export PROMOFLOW_KAFKA_PORT=${PROMOFLOW_FAULTS_KAFKA_PORT:-29102}
+export PROMOFLOW_KAFKA_CONTROLLER_PORT=${PROMOFLOW_FAULTS_KAFKA_CONTROLLER_PORT:-29103}
+unset DATABASE_URL KAFKA_BROKERS
+trap 'bash scripts/stack.sh down >/dev/null 2>&1 || log "WARNING: stopping the fault stack failed"' EXIT
+stack_env=$(bash scripts/stack.sh up)
+eval "$stack_env"
+export DATABASE_URL KAFKA_BROKERS
+export FAULTS_LOG_DIR=${FAULTS_LOG_DIR:-$(mktemp -d /tmp/promoflow-faults.XXXXXX)}
+mkdir -p "$FAULTS_LOG_DIR"
+log "form $FORM; stack $DATABASE_URL $KAFKA_BROKERS; logs in $FAULTS_LOG_DIR"
+
+out=$FAULTS_LOG_DIR/go-test.log
+rc=0
+go test -tags faults -count=1 -timeout 60m -v ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
+grep -E '^\s+(faults_test|[a-z_]+_test)\.go:[0-9]+:' "$out" | head -n 40 >&2 || true
+# The summary the suite printed last: one line per scenario, then the count.
+sed -n '/^$/,$p' "$out" | grep -E '^(scenario|faults:)' | tail -n 11
+if ((rc != 0)) && ! grep -q '^faults:' "$out"; then
+	tail -n 40 "$out" >&2
+	echo "faults: the suite did not finish (exit $rc; log $out)"
+fi
+exit "$rc"

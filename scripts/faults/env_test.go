@@ -1,0 +1,189 @@
+//go:build faults
+
+package faults
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq"
+)
+
+// env is one scenario's world: a database, topics and consumer group of its
+// own, its processes, tenants and cards.
+type env struct {
+	s     *suite
+	t     *testing.T
+	ctx   context.Context
+	dbURL string
+	db    *sqlx.DB
+
+	topic, dlq, replay, group string
+	tenants                   []tenant
+	admin                     string
+	promotions, catalogs      []*proc
+	projects, objects, drafts []uuid.UUID
+
+	mu         sync.Mutex
+	violations []string
+	faults     int
+}
+
+type tenant struct {
+	token string
+	id    uuid.UUID
+}
+
+func suffix() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newEnv makes the scenario's database and processes and the chessboard's
+// cards: 3 projects of 8 published and 2 unpublished objects.
+func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
+	t.Helper()
+	sfx := suffix()
+	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx,
+		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
+		replay: "pin.catalog.promotion-boost-replay.faults-" + sfx, group: "pin-catalog-promotion-boost-faults-" + sfx}
+	admin, err := sqlx.Open("postgres", s.dbBase)
+	must(t, err)
+	defer admin.Close()
+	name := "faults_" + sfx
+	_, err = admin.Exec(`CREATE DATABASE ` + name)
+	must(t, err)
+	u, err := url.Parse(s.dbBase)
+	must(t, err)
+	u.Path = "/" + name
+	e.dbURL = u.String()
+	e.db, err = sqlx.Open("postgres", e.dbURL)
+	must(t, err)
+	e.db.SetMaxOpenConns(10)
+	t.Cleanup(func() {
+		e.stopAll()
+		e.db.Close()
+		if !t.Failed() {
+			if a, err := sqlx.Open("postgres", s.dbBase); err == nil {
+				_, _ = a.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
+				a.Close()
+			}
+		}
+	})
+	for i := range 3 {
+		e.tenants = append(e.tenants, tenant{token: fmt.Sprintf("token-%d-%s", i, sfx), id: uuid.New()})
+	}
+	for i := range promotions {
+		e.promotions = append(e.promotions, newProc(t, s, "promotion", i+1, e.promotionArgs()))
+	}
+	for i := range catalogs {
+		e.catalogs = append(e.catalogs, newProc(t, s, "catalog", i+1, e.catalogArgs()))
+	}
+	// One process first: it applies the migrations and creates the topics.
+	e.promotions[0].start(t)
+	for _, p := range e.all()[1:] {
+		p.start(t)
+	}
+	s.prom.scrape(t, e.all())
+	e.seedCards()
+	return e
+}
+
+func (e *env) promotionArgs() []string {
+	tokens := make([]string, len(e.tenants))
+	for i, tn := range e.tenants {
+		tokens[i] = tn.token + "=" + tn.id.String()
+	}
+	return []string{"--database-url", e.dbURL, "--kafka-brokers", e.s.brokers, "--topic", e.topic,
+		"--topic-partitions", "6",
+		// The production schedule (60s interval, 30s most per cycle) at the alert rules' time scale.
+		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"}
+}
+
+func (e *env) catalogArgs() []string {
+	return []string{"--database-url", e.dbURL, "--kafka-brokers", e.s.brokers, "--topic", e.topic, "--dlq-topic", e.dlq,
+		"--replay-topic", e.replay, "--consumer-group", e.group, "--admin-token", e.admin, "--topic-partitions", "6",
+		"--audit-interval", "2s", "--log-level", "warn"}
+}
+
+func (e *env) all() []*proc { return append(append([]*proc{}, e.promotions...), e.catalogs...) }
+
+func (e *env) stopAll() {
+	var wg sync.WaitGroup
+	for _, p := range e.all() {
+		wg.Go(p.stop)
+	}
+	wg.Wait()
+}
+
+// violate records a broken invariant.
+func (e *env) violate(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.violations = append(e.violations, fmt.Sprintf(format, args...))
+}
+
+func (e *env) fault() {
+	e.mu.Lock()
+	e.faults++
+	e.mu.Unlock()
+}
+
+// seedCards feeds the cards through the catalog's admin API.
+func (e *env) seedCards() {
+	for range 3 {
+		p := uuid.New()
+		e.projects = append(e.projects, p)
+		e.put("/cards/projects/"+p.String(), map[string]any{"Title": "P", "Status": "Published", "Visibility": "Visible"})
+		for i := range 10 {
+			o := uuid.New()
+			e.put("/cards/property-objects/"+o.String(), map[string]any{"ProjectId": p, "Published": i < 8, "Status": "OnSale"})
+			if i < 8 {
+				e.objects = append(e.objects, o)
+			} else {
+				e.drafts = append(e.drafts, o)
+			}
+		}
+	}
+}
+
+func (e *env) put(path string, body any) {
+	raw, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPut, "http://"+e.catalogs[0].addr+path, bytes.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+e.admin)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatalf("card feed: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		e.t.Fatalf("card feed %s: %d", path, resp.StatusCode)
+	}
+}
+
+// waitReady waits until every process that runs answers /readyz with 200 and
+// Prometheus sees them up.
+func (e *env) waitReady(timeout time.Duration) bool {
+	_, ok := eventually(e.ctx, timeout, func() bool {
+		for _, p := range e.all() {
+			if p.alive() && p.ready() != http.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
+	return ok
+}

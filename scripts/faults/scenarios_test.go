@@ -1,0 +1,123 @@
+//go:build faults
+
+package faults
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// scenario is one fault and what must hold after it.
+type scenario struct {
+	num  int
+	name string
+	run  func(t *testing.T, e *env) (events int)
+	// promotions and catalogs are how many processes of each it runs.
+	promotions, catalogs int
+}
+
+var scenarios = []scenario{
+	{1, "three expirers racing", threeExpirers, 3, 1},
+	{2, "kill -9 promotion mid expirer batch", killMidBatch, 2, 1},
+	{3, "kill -9 relay holder mid relay", killRelayHolder, 2, 1},
+	{4, "kill -9 catalog mid message", killCatalog, 1, 1},
+	{5, "Kafka broker restart under load", restartKafka, 2, 2},
+	{6, "PostgreSQL restart under load", restartPostgres, 2, 2},
+	{7, "concurrent cancels racing the expirer", cancelsRaceExpirer, 2, 1},
+	{8, "projection rebuild under load", rebuildUnderLoad, 1, 2},
+	{9, "malformed records on the topic", malformedRecords, 1, 1},
+	{10, "malformed HTTP requests", malformedRequests, 1, 1},
+}
+
+// TestFaults runs every scenario in turn, prints one line per scenario and a
+// final "N passed, N failed" line.
+func TestFaults(t *testing.T) {
+	s := newSuite(t)
+	var results []result
+	for _, sc := range scenarios {
+		if *only != "" && !strings.Contains(fmt.Sprintf("%d %s", sc.num, sc.name), *only) {
+			continue
+		}
+		r := result{num: sc.num, name: sc.name}
+		start := time.Now()
+		failed := false
+		t.Run(fmt.Sprintf("%02d", sc.num), func(t *testing.T) {
+			defer func() { failed = t.Failed() }()
+			e := newEnv(t, s, sc.promotions, sc.catalogs)
+			if !e.waitReady(60 * time.Second) {
+				t.Fatal("processes did not become ready")
+			}
+			// A quiet start: no alert of the previous scenario, or of the
+			// time before these processes ran, still fires.
+			for _, alert := range []string{"PromotionProcessesDown", "CatalogProcessesDown", "PromotionExpireJobStalled",
+				"CatalogPromotionLagHigh", "CatalogPromotionDeadLetters"} {
+				e.expectAlert(alert, false, time.Minute)
+			}
+			r.events = sc.run(t, e)
+			r.recovery = e.quiesce(3 * time.Minute)
+			e.mu.Lock()
+			r.violations, r.faults = e.violations, e.faults
+			e.mu.Unlock()
+			for _, v := range r.violations {
+				t.Error(v)
+			}
+		})
+		r.took = time.Since(start)
+		if failed && len(r.violations) == 0 {
+			r.violations = []string{"the scenario failed (see the test log)"}
+		}
+		results = append(results, r)
+		fmt.Println(r.line())
+	}
+	passed := 0
+	for _, r := range results {
+		if len(r.violations) == 0 {
+			passed++
+		}
+	}
+	fmt.Println()
+	for _, r := range results {
+		fmt.Println(r.line())
+	}
+	fmt.Printf("faults: %d passed, %d failed\n", passed, len(results)-passed)
+}
+
+// expectAlert waits until alert is firing (or not), and records a violation
+// when it does not get there within timeout.
+func (e *env) expectAlert(alert string, firing bool, timeout time.Duration) {
+	if _, ok := eventually(e.ctx, timeout, func() bool { return e.s.prom.firing(alert) == firing }); !ok {
+		e.violate("alert %s: want firing=%t within %s", alert, firing, timeout)
+	}
+}
+
+// createMany makes n purchases through the API, all ending at endsAt, with
+// workers requests in flight, and returns their ids with their tenants' tokens.
+func (e *env) createMany(n int, endsAt time.Time, workers int) map[string]string {
+	tr := &traffic{e: e, client: &http.Client{Timeout: 30 * time.Second}}
+	var mu sync.Mutex
+	out := map[string]string{}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for int(next.Add(1)) <= n {
+				tn := e.tenants[int(next.Load())%len(e.tenants)]
+				body := map[string]any{"PackageKind": "Top", "BoostWeight": 5, "Targets": e.randomTargets(),
+					"EndsAt": endsAt.UTC().Format(time.RFC3339Nano)}
+				status, resp := tr.call(e.ctx, http.MethodPost, "/promotions", tn.token, body)
+				if status == http.StatusCreated {
+					mu.Lock()
+					out[resp["Id"].(string)] = tn.token
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}

@@ -1,0 +1,165 @@
+//go:build faults
+
+package faults
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// traffic drives the purchase API like tenant managers would: purchases of
+// one to three targets (projects, objects, unpublished objects, posts) that
+// end within seconds, a share of them cancelled, some racing their expiry.
+type traffic struct {
+	e       *env
+	client  *http.Client
+	created atomic.Int64
+	// unavailable counts 503s (each carried Retry-After and a JSON error)
+	// and refused connections (a killed process).
+	unavailable atomic.Int64
+	cancels     atomic.Int64
+	stop        context.CancelFunc
+	wg          sync.WaitGroup
+}
+
+// drive starts traffic at about rate purchases per second until stopped.
+func (e *env) drive(rate int, cancelShare float64) *traffic {
+	ctx, cancel := context.WithCancel(e.ctx)
+	tr := &traffic{e: e, client: &http.Client{Timeout: 10 * time.Second}, stop: cancel}
+	every := time.Second / time.Duration(rate)
+	tr.wg.Go(func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			tr.wg.Go(func() { tr.purchase(ctx, cancelShare) })
+		}
+	})
+	return tr
+}
+
+// halt stops the traffic and waits for requests under way, cancels included.
+func (tr *traffic) halt() {
+	tr.stop()
+	tr.wg.Wait()
+}
+
+func (tr *traffic) purchase(ctx context.Context, cancelShare float64) {
+	e := tr.e
+	tn := e.tenants[rand.IntN(len(e.tenants))]
+	body := map[string]any{"PackageKind": "Top", "BoostWeight": 1 + rand.IntN(100), "Targets": e.randomTargets(),
+		"EndsAt": time.Now().Add(time.Second + rand.N(5*time.Second)).UTC().Format(time.RFC3339Nano)}
+	status, resp := tr.call(ctx, http.MethodPost, "/promotions", tn.token, body)
+	if status != http.StatusCreated {
+		return
+	}
+	tr.created.Add(1)
+	if rand.Float64() >= cancelShare {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(rand.N(3 * time.Second)): // some cancels race the expirer
+	}
+	id, _ := resp["Id"].(string)
+	if status, _ := tr.call(context.WithoutCancel(ctx), http.MethodPost, "/promotions/"+id+"/cancel", tn.token, nil); status == http.StatusOK {
+		tr.cancels.Add(1)
+	}
+}
+
+func (e *env) randomTargets() []map[string]string {
+	var out []map[string]string
+	seen := map[string]bool{}
+	for range 1 + rand.IntN(3) {
+		kind, id := "Project", e.projects[rand.IntN(len(e.projects))]
+		switch rand.IntN(5) {
+		case 0, 1:
+			kind, id = "PropertyObject", e.objects[rand.IntN(len(e.objects))]
+		case 2:
+			kind, id = "PropertyObject", e.drafts[rand.IntN(len(e.drafts))]
+		case 3:
+			if rand.IntN(3) == 0 {
+				kind, id = "Post", uuid.New()
+			}
+		}
+		if key := kind + id.String(); !seen[key] {
+			seen[key] = true
+			out = append(out, map[string]string{"TargetKind": kind, "TargetId": id.String()})
+		}
+	}
+	return out
+}
+
+// call sends a request to a promotion process that runs (trying the next one
+// when a connection is refused) and checks the answer's form: never a 5xx
+// other than a 503 with Retry-After, and every error as JSON.
+func (tr *traffic) call(ctx context.Context, method, path, token string, body any) (int, map[string]any) {
+	e := tr.e
+	var raw []byte
+	if body != nil {
+		raw, _ = json.Marshal(body)
+	}
+	start := rand.IntN(len(e.promotions))
+	for i := range len(e.promotions) {
+		p := e.promotions[(start+i)%len(e.promotions)]
+		req, _ := http.NewRequestWithContext(ctx, method, "http://"+p.addr+path, bytes.NewReader(raw))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := tr.client.Do(req)
+		var opErr *net.OpError
+		if errors.As(err, &opErr) || errors.Is(err, io.EOF) {
+			tr.unavailable.Add(1) // a killed or restarting process
+			continue
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				e.violate("%s %s: %v", method, path, err)
+			}
+			return 0, nil
+		}
+		return tr.check(method, path, resp)
+	}
+	return 0, nil
+}
+
+func (tr *traffic) check(method, path string, resp *http.Response) (int, map[string]any) {
+	defer resp.Body.Close()
+	var out map[string]any
+	jsonErr := json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode >= 400 {
+		if _, ok := out["error"].(map[string]any); jsonErr != nil || !ok {
+			tr.e.violate("%s %s: %d without a JSON error", method, path, resp.StatusCode)
+		}
+	}
+	switch {
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		tr.unavailable.Add(1)
+		if resp.Header.Get("Retry-After") == "" {
+			tr.e.violate("%s %s: 503 without Retry-After", method, path)
+		}
+	case resp.StatusCode >= 500:
+		tr.e.violate("%s %s: %d %v", method, path, resp.StatusCode, out)
+	case method == http.MethodPost && path == "/promotions" && resp.StatusCode != http.StatusCreated:
+		tr.e.violate("create: %d %v", resp.StatusCode, out)
+	}
+	return resp.StatusCode, out
+}
+
+func (tr *traffic) String() string {
+	return fmt.Sprintf("created %d, cancelled %d, unavailable answers %d", tr.created.Load(), tr.cancels.Load(), tr.unavailable.Load())
+}
