@@ -36,7 +36,10 @@ type Result struct {
 	PoisonCount        int
 	SkippedLockedCount int
 	// Backlog is the due Active purchases left when the cycle ended.
-	Backlog  int
+	Backlog int
+	// Delays are AsOf − EndsAt of each purchase the cycle expired: how late
+	// past its paid EndsAt the purchase stopped being Active.
+	Delays   []time.Duration
 	Duration time.Duration
 	// Interrupted is set when the process stopped the cycle between batches.
 	Interrupted bool
@@ -99,6 +102,7 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 		res.Batches++
 		res.ExpiredCount += b.expired
 		res.PoisonCount += b.poison
+		res.Delays = append(res.Delays, b.delays...)
 		if b.selected < e.cfg.BatchSize {
 			drained = true
 			break
@@ -121,7 +125,10 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 	return res, nil
 }
 
-type batchResult struct{ selected, expired, poison int }
+type batchResult struct {
+	selected, expired, poison int
+	delays                    []time.Duration
+}
 
 // batch is one transaction. It runs on a context that shutdown does not cancel,
 // bounded by BatchTimeout, so that it commits or rolls back whole.
@@ -192,6 +199,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	for _, p := range expired {
 		log.Info("promotion expired", "PurchaseId", p.ID, "TenantId", p.TenantID,
 			"PackageKind", p.PackageKind, "targets", len(p.Targets))
+		b.delays = append(b.delays, res.AsOf.Sub(p.EndsAt))
 	}
 	b.expired = len(expired)
 	return b, nil
