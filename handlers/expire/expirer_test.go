@@ -384,10 +384,11 @@ func TestExpirer_MaxDurationEndsTheCycle(t *testing.T) {
 }
 
 func TestConfig_ValidateListsEveryProblem(t *testing.T) {
-	_, err := expire.New(nil, expire.Config{BatchSize: -1, MaxDuration: -1, BatchTimeout: -1}, slog.New(slog.DiscardHandler))
+	_, err := expire.New(nil, expire.Config{BatchSize: -1, MaxDuration: -1, BatchTimeout: -1, WakeupPoll: -1}, slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, "batch size")
 	require.ErrorContains(t, err, "max duration")
 	require.ErrorContains(t, err, "batch timeout")
+	require.ErrorContains(t, err, "wake-up poll")
 }
 
 func assertNoError(t *testing.T, err error) bool {
