@@ -36,7 +36,7 @@ func TestExpirer_WakesAtEarliestEndsAt(t *testing.T) {
 	p := createEndingIn(t, &purchase.Service{DB: b.db, Topic: b.topic}, time.Second)
 
 	asOf := waitExpired(t, b.db, p)
-	require.Eventually(t, func() bool { return delaySamples(t, b) == 1 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { n, _ := histogramCountSum(t, b.metrics.ExpireDelay); return n == 1 }, 10*time.Second, 5*time.Millisecond,
 		"promotion_expire_delay_seconds observed the expiry")
 	require.False(t, asOf.Before(p.EndsAt), "never expired before EndsAt")
 }
@@ -95,12 +95,13 @@ func waitExpired(t *testing.T, db *sqlx.DB, p purchase.Purchase) time.Time {
 	return row.UpdatedAt
 }
 
-// delaySamples is how many expiries promotion_expire_delay_seconds observed.
-func delaySamples(t *testing.T, b promotionBundle) uint64 {
+// histogramCountSum is how many samples h observed, and their sum.
+func histogramCountSum(t testing.TB, h prometheus.Histogram) (uint64, float64) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	require.NoError(t, reg.Register(b.metrics.ExpireDelay))
+	require.NoError(t, reg.Register(h))
 	families, err := reg.Gather()
 	require.NoError(t, err)
-	return families[0].GetMetric()[0].GetHistogram().GetSampleCount()
+	got := families[0].GetMetric()[0].GetHistogram()
+	return got.GetSampleCount(), got.GetSampleSum()
 }
