@@ -59,7 +59,7 @@ func TestPromotionCommand_HelpListsEverySettingWithItsVariable(t *testing.T) {
 	var out bytes.Buffer
 	s.fs.SetOutput(&out)
 	s.fs.Usage()
-	for _, env := range []string{"DATABASE_URL", "KAFKA_BROKERS", "EXPIRE_INTERVAL", "EXPIRE_BATCH_SIZE", "PROMOTION_API_TOKENS"} {
+	for _, env := range []string{"DATABASE_URL", "KAFKA_BROKERS", "EXPIRE_INTERVAL", "EXPIRE_BATCH_SIZE", "EXPIRE_WAKEUP", "EXPIRE_WAKEUP_POLL", "PROMOTION_API_TOKENS"} {
 		require.Contains(t, out.String(), "$"+env)
 	}
 }

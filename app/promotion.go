@@ -25,6 +25,8 @@ type promotionConfig struct {
 	ExpireInterval    time.Duration
 	ExpireBatchSize   int
 	ExpireMaxDuration time.Duration
+	ExpireWakeup      bool
+	ExpireWakeupPoll  time.Duration
 	OutboxPoll        time.Duration
 	OutboxBatchSize   int
 	KeyRetention      time.Duration
@@ -38,6 +40,8 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.ExpireInterval, "expire-interval", "EXPIRE_INTERVAL", 60*time.Second, "time between expirer cycles (seed range 1m..5m)")
 	s.int(&c.ExpireBatchSize, "expire-batch-size", "EXPIRE_BATCH_SIZE", expire.BatchSizeDefault, "most purchases one expirer transaction takes")
 	s.dur(&c.ExpireMaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog")
+	s.bool(&c.ExpireWakeup, "expire-wakeup", "EXPIRE_WAKEUP", true, "also run a cycle at the earliest upcoming EndsAt, not only every interval")
+	s.dur(&c.ExpireWakeupPoll, "expire-wakeup-poll", "EXPIRE_WAKEUP_POLL", expire.WakeupPollDefault, "how often the earliest upcoming EndsAt is re-read (a purchase created on another instance re-arms the wake-up within it)")
 	s.dur(&c.OutboxPoll, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "how often the relay polls an idle outbox")
 	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", 500, "outbox rows the relay reads per query")
 	s.dur(&c.KeyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
@@ -98,7 +102,8 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	if err != nil {
 		return err
 	}
-	exp, err := expire.New(db, expire.Config{BatchSize: cfg.ExpireBatchSize, MaxDuration: cfg.ExpireMaxDuration, Topic: cfg.Topic}, log)
+	exp, err := expire.New(db, expire.Config{BatchSize: cfg.ExpireBatchSize, MaxDuration: cfg.ExpireMaxDuration, Topic: cfg.Topic,
+		WakeupPoll: cfg.ExpireWakeupPoll, DisableWakeup: !cfg.ExpireWakeup}, log)
 	if err != nil {
 		return err
 	}

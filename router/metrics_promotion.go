@@ -16,6 +16,7 @@ type PromotionMetrics struct {
 	Items         *prometheus.CounterVec
 	Backlog       prometheus.Gauge
 	SkipLocked    prometheus.Counter
+	ExpireDelay   prometheus.Histogram
 	Errors        *prometheus.CounterVec
 	OutboxBacklog prometheus.Gauge
 	OutboxLag     prometheus.Gauge
@@ -39,6 +40,9 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			Name: "promotion_expire_backlog", Help: "Active purchases past EndsAt left after the last cycle."}),
 		SkipLocked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promotion_expire_skip_locked_total", Help: "Due purchases skipped because another transaction held their row."}),
+		ExpireDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "promotion_expire_delay_seconds", Help: "AsOf - EndsAt of each expired purchase: how long it stayed Active past its EndsAt.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 1.5, 2.5, 5, 10, 30, 60, 120, 300}}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promotion_expire_errors_total", Help: "Expirer failures, by kind (poison, infrastructure)."},
 			[]string{"kind"}),
@@ -58,7 +62,7 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 	m.Errors.WithLabelValues("poison")
 	m.Errors.WithLabelValues("infrastructure")
 	for _, c := range []prometheus.Collector{m.RunTotal, m.CycleDuration, m.Items, m.Backlog, m.SkipLocked,
-		m.Errors, m.OutboxBacklog, m.OutboxLag, m.OutboxRelayed, m.OutboxCleaned, m.KeysCleaned} {
+		m.ExpireDelay, m.Errors, m.OutboxBacklog, m.OutboxLag, m.OutboxRelayed, m.OutboxCleaned, m.KeysCleaned} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("register promotion metrics"), err)
 		}
@@ -74,6 +78,9 @@ func (m *PromotionMetrics) ObserveCycle(res expire.Result, err error) {
 	m.Items.WithLabelValues("poison").Add(float64(res.PoisonCount))
 	m.Errors.WithLabelValues("poison").Add(float64(res.PoisonCount))
 	m.SkipLocked.Add(float64(res.SkippedLockedCount))
+	for _, d := range res.Delays {
+		m.ExpireDelay.Observe(d.Seconds())
+	}
 	if err != nil {
 		m.Errors.WithLabelValues("infrastructure").Inc()
 		return

@@ -95,6 +95,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	p := &Promotion{Router: r}
 
 	expireTicks := newTickSource(expireTickTopic, cfg.ExpireInterval, wlog)
+	expireTicks.early = expire.NewWakeup(exp)
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())
 		m.ObserveCycle(res, err)

@@ -34,8 +34,15 @@ func setupPromotion(t *testing.T, partitions int32) promotionBundle {
 // start runs one promotion router (one process's worth) until the test ends.
 func (b *promotionBundle) start(t testing.TB, interval time.Duration) {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
-	exp, err := expire.New(b.db, expire.Config{Topic: b.topic, BatchSize: 200}, log)
+	b.startWith(t, interval, expire.Config{}, slog.New(slog.DiscardHandler))
+}
+
+// startWith is start with the expirer's config (its topic is the bundle's)
+// and a logger of the test's choosing.
+func (b *promotionBundle) startWith(t testing.TB, interval time.Duration, cfg expire.Config, log *slog.Logger) {
+	t.Helper()
+	cfg.Topic = b.topic
+	exp, err := expire.New(b.db, cfg, log)
 	require.NoError(t, err)
 	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)

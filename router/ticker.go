@@ -16,6 +16,16 @@ type tickSource struct {
 	pubsub *gochannel.GoChannel
 	topic  string
 	every  time.Duration
+	// early, when set, brings a tick forward between the interval's ticks.
+	// The same loop publishes it, so it never overlaps a cycle either.
+	early earlyTicks
+}
+
+// earlyTicks runs beside a tick source and signals on C when a tick is due
+// before the interval is up (expire.Wakeup).
+type earlyTicks interface {
+	Run(ctx context.Context)
+	C() <-chan struct{}
 }
 
 func newTickSource(topic string, every time.Duration, logger watermill.LoggerAdapter) *tickSource {
@@ -27,6 +37,13 @@ func newTickSource(topic string, every time.Duration, logger watermill.LoggerAda
 }
 
 func (s *tickSource) run(ctx context.Context) {
+	var early <-chan struct{} // nil without early ticks: never ready
+	if s.early != nil {
+		early = s.early.C()
+		done := make(chan struct{})
+		go func() { defer close(done); s.early.Run(ctx) }()
+		defer func() { <-done }()
+	}
 	t := time.NewTicker(s.every)
 	defer t.Stop()
 	for {
@@ -35,6 +52,7 @@ func (s *tickSource) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-early:
 		}
 	}
 }

@@ -107,6 +107,14 @@ tests_ok=$(grep -cE '^--- PASS: ' "$test_out" || true)
 tests_failed=$(grep -cE '^--- FAIL: ' "$test_out" || true)
 tests_skipped=$(grep -cE '^--- SKIP: ' "$test_out" || true)
 
+# Expiry latency figures in their short form (a 5s window): printed, no timing
+# asserted; it fails only when a purchase does not expire or a card keeps its
+# boost, and then counts as a go test failure.
+log "go test -short -bench BenchmarkExpiryLatency ./router/ (expiry latency figures)"
+if ! go test -short -count=1 -run '^$' -bench '^BenchmarkExpiryLatency$' -benchtime 1x ./router/ </dev/null; then
+	((test_rc != 0)) || test_rc=1
+fi
+
 # Fuzz targets found by grep, so new ones are picked up without editing this
 # script. go test -fuzz takes one package and one target at a time.
 find_fuzz_targets() {

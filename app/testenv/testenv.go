@@ -62,7 +62,14 @@ func DatabaseURL(t testing.TB) string {
 // DB is a migrated database of the test's own.
 func DB(t testing.TB) *sqlx.DB {
 	t.Helper()
-	db, err := sqlx.Open("postgres", DatabaseURL(t))
+	return Open(t, DatabaseURL(t))
+}
+
+// Open is a handle of its own on the database at url, migrated: a second
+// Open of one url is another process's view of the same database.
+func Open(t testing.TB, url string) *sqlx.DB {
+	t.Helper()
+	db, err := sqlx.Open("postgres", url)
 	require.NoError(t, err)
 	db.SetMaxOpenConns(40)
 	t.Cleanup(func() { db.Close() })

@@ -13,6 +13,7 @@ const (
 	BatchSizeDefault    = 200
 	MaxDurationDefault  = 30 * time.Second
 	BatchTimeoutDefault = 15 * time.Second
+	WakeupPollDefault   = time.Second
 )
 
 // Config tunes the expirer.
@@ -26,6 +27,13 @@ type Config struct {
 	BatchTimeout time.Duration
 	// Topic is the event's destination topic. Defaults to event.Topic.
 	Topic string
+	// WakeupPoll is how often the Wakeup re-reads the earliest upcoming EndsAt,
+	// so that a purchase created on any instance re-arms it within this time.
+	// Defaults to 1s.
+	WakeupPoll time.Duration
+	// DisableWakeup leaves cycles to the ticker alone: a purchase then expires
+	// up to an interval after its EndsAt.
+	DisableWakeup bool
 }
 
 func (c *Config) setDefaults() {
@@ -33,6 +41,7 @@ func (c *Config) setDefaults() {
 	c.MaxDuration = cmp.Or(c.MaxDuration, MaxDurationDefault)
 	c.BatchTimeout = cmp.Or(c.BatchTimeout, BatchTimeoutDefault)
 	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.WakeupPoll = cmp.Or(c.WakeupPoll, WakeupPollDefault)
 }
 
 // Validate reports every out-of-range setting.
@@ -46,6 +55,9 @@ func (c Config) Validate() error {
 	}
 	if c.BatchTimeout <= 0 {
 		errs = append(errs, errors.New("expire batch timeout must be positive"))
+	}
+	if c.WakeupPoll <= 0 {
+		errs = append(errs, errors.New("expire wake-up poll must be positive"))
 	}
 	return errors.Join(errs...)
 }

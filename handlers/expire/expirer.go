@@ -5,6 +5,7 @@ package expire
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,7 +37,10 @@ type Result struct {
 	PoisonCount        int
 	SkippedLockedCount int
 	// Backlog is the due Active purchases left when the cycle ended.
-	Backlog  int
+	Backlog int
+	// Delays are AsOf − EndsAt of each purchase the cycle expired: how late
+	// past its paid EndsAt the purchase stopped being Active.
+	Delays   []time.Duration
 	Duration time.Duration
 	// Interrupted is set when the process stopped the cycle between batches.
 	Interrupted bool
@@ -99,6 +103,7 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 		res.Batches++
 		res.ExpiredCount += b.expired
 		res.PoisonCount += b.poison
+		res.Delays = append(res.Delays, b.delays...)
 		if b.selected < e.cfg.BatchSize {
 			drained = true
 			break
@@ -121,7 +126,10 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 	return res, nil
 }
 
-type batchResult struct{ selected, expired, poison int }
+type batchResult struct {
+	selected, expired, poison int
+	delays                    []time.Duration
+}
 
 // batch is one transaction. It runs on a context that shutdown does not cancel,
 // bounded by BatchTimeout, so that it commits or rolls back whole.
@@ -192,6 +200,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	for _, p := range expired {
 		log.Info("promotion expired", "PurchaseId", p.ID, "TenantId", p.TenantID,
 			"PackageKind", p.PackageKind, "targets", len(p.Targets))
+		b.delays = append(b.delays, res.AsOf.Sub(p.EndsAt))
 	}
 	b.expired = len(expired)
 	return b, nil
@@ -212,6 +221,22 @@ func selectDue(ctx context.Context, tx *sqlx.Tx, asOf time.Time, limit int, pois
 		return nil, fmt.Errorf("select candidates: %w", err)
 	}
 	return rows, nil
+}
+
+// nextDue is the earliest EndsAt after `after` of an Active purchase; found
+// is false when there is none. It is an index-only read of
+// promotion_purchases_due_idx, and the lower bound keeps it short: the scan
+// starts past the due rows a cycle left Active (poison, locked elsewhere) and
+// past the index entries of rows expired since the last vacuum, which a
+// bare min(ends_at) walks through (0.03 ms against 245 ms after 100k
+// expiries at 1M rows).
+func (e *Expirer) nextDue(ctx context.Context, after time.Time) (next time.Time, found bool, err error) {
+	var v sql.NullTime
+	if err := e.db.GetContext(ctx, &v, `SELECT min(ends_at) FROM promotion.promotion_purchases
+		WHERE status = 'Active' AND ends_at > $1`, after); err != nil {
+		return time.Time{}, false, fmt.Errorf("read next due: %w", err)
+	}
+	return v.Time.UTC(), v.Valid, nil
 }
 
 // rowFailure is a purchase whose own transition SQL failed.

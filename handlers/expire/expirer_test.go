@@ -88,6 +88,20 @@ func TestExpirer_DuePurchaseBecomesExpiredWithOneEvent(t *testing.T) {
 	require.Zero(t, again.ExpiredCount, "a terminal purchase is never selected again (INV-6)")
 }
 
+func TestExpirer_ResultCarriesTheDelayPastEndsAtOfEachExpiredPurchase(t *testing.T) {
+	b := setup(t, expire.Config{BatchSize: 2})
+	endsAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	testenv.SeedActive(t, b.db, 3, endsAt)
+	testenv.SeedActive(t, b.db, 1, time.Now().Add(time.Hour))
+
+	res, err := b.exp.RunCycle(context.Background())
+	require.NoError(t, err)
+	require.Len(t, res.Delays, 3, "one per expired purchase, over every batch")
+	for _, d := range res.Delays {
+		require.Equal(t, res.AsOf.Sub(endsAt), d, "AsOf - EndsAt")
+	}
+}
+
 func TestExpirer_PoisonRowIsLeftOutAndDoesNotStarveHealthyRows(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 2})
 	// Poison rows come first in EndsAt order and fill whole batches.
@@ -370,10 +384,11 @@ func TestExpirer_MaxDurationEndsTheCycle(t *testing.T) {
 }
 
 func TestConfig_ValidateListsEveryProblem(t *testing.T) {
-	_, err := expire.New(nil, expire.Config{BatchSize: -1, MaxDuration: -1, BatchTimeout: -1}, slog.New(slog.DiscardHandler))
+	_, err := expire.New(nil, expire.Config{BatchSize: -1, MaxDuration: -1, BatchTimeout: -1, WakeupPoll: -1}, slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, "batch size")
 	require.ErrorContains(t, err, "max duration")
 	require.ErrorContains(t, err, "batch timeout")
+	require.ErrorContains(t, err, "wake-up poll")
 }
 
 func assertNoError(t *testing.T, err error) bool {

@@ -1,0 +1,107 @@
+package expire
+
+import (
+	"context"
+	"time"
+)
+
+// Wakeup brings the expirer's next cycle forward to the earliest upcoming
+// EndsAt of an Active purchase, so that a purchase stops being Active within
+// moments of its EndsAt whatever the interval. The ticker stays the heartbeat:
+// its cycles retry what a woken cycle left (poison rows, rows locked
+// elsewhere, a failed batch) and take purchases stored with an EndsAt that had
+// already passed.
+//
+// It polls: every WakeupPoll it re-reads the earliest EndsAt, so a purchase
+// created on any instance, by any path, re-arms it within WakeupPoll, for one
+// index-only read a second per process. LISTEN/NOTIFY would re-arm at once but
+// needs a dedicated connection per process and a re-read after every reconnect
+// (notifications sent meanwhile are lost), and NOTIFY serialises the commits
+// of every purchase write on one global lock. A paid purchase ends days after
+// it is created, so a re-arm within a second costs no accuracy.
+//
+// Clock skew: a cycle compares EndsAt with AsOf, the expirer's clock
+// (Expirer.Now). Wakeup waits on that same clock for the stored EndsAt and
+// never uses PostgreSQL's now(), so a skew between the process and PostgreSQL
+// does not move it. Each instance wakes by its own clock; the one ahead
+// expires first, as with ticks.
+type Wakeup struct {
+	exp *Expirer
+	c   chan struct{}
+}
+
+// NewWakeup returns the wake-up of exp's cycles. Its Run does nothing when
+// exp's Config has DisableWakeup.
+func NewWakeup(exp *Expirer) *Wakeup {
+	return &Wakeup{exp: exp, c: make(chan struct{}, 1)}
+}
+
+// C receives when an EndsAt has come. A signal not yet taken absorbs the
+// next ones, so a long cycle is followed by one cycle, not by a queue of them.
+func (w *Wakeup) C() <-chan struct{} { return w.c }
+
+// Run arms and re-arms the wake-up until ctx ends.
+func (w *Wakeup) Run(ctx context.Context) {
+	if w.exp.cfg.DisableWakeup {
+		return
+	}
+	poll := w.exp.cfg.WakeupPoll
+	log := w.exp.log
+	// What is due at start is the first tick's work; what a woken cycle leaves
+	// due is the ticker's. Waking only for an EndsAt after the last wake keeps
+	// a poison row from waking the expirer again and again.
+	after := w.now()
+	var armed time.Time
+	failing := false
+	timer := time.NewTimer(poll)
+	defer timer.Stop()
+	for {
+		next, found, err := w.exp.nextDue(ctx, after)
+		wait := poll
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !failing {
+				log.Warn("expire wake-up read failed; the ticker alone runs cycles until it recovers", "error", err.Error())
+			}
+			failing = true
+		} else {
+			failing = false
+		}
+		if found {
+			now := w.now()
+			if !now.Before(next) {
+				w.signal()
+				// The cycle takes its AsOf later on the same clock, so it
+				// covers every EndsAt up to now.
+				after = now
+				continue
+			}
+			if !next.Equal(armed) {
+				armed = next
+				log.Debug("expire wake-up armed", "EndsAt", next)
+			}
+			wait = min(wait, next.Sub(now))
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+// now is the expirer's clock at PostgreSQL's precision: every stored EndsAt
+// above it is above the unrounded time too.
+func (w *Wakeup) now() time.Time {
+	return w.exp.Now().UTC().Truncate(time.Microsecond)
+}
+
+func (w *Wakeup) signal() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
