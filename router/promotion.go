@@ -40,6 +40,9 @@ type PromotionConfig struct {
 	IdempotencyRetention time.Duration
 	// KeyJanitorInterval is the time between idempotency key cleanups. Defaults to 10m.
 	KeyJanitorInterval time.Duration
+	// RelayPublisher sends the events of one outbox row, all in one Publish
+	// call. Defaults to a kafkakit.BatchPublisher on Brokers.
+	RelayPublisher message.Publisher
 }
 
 func (c *PromotionConfig) setDefaults() {
@@ -138,8 +141,9 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 }
 
 // addRelay adds the forwarder: outbox rows in commit order → Kafka, keyed by
-// PurchaseId. A failed publish nacks the row, which is resent before any later
-// one, so per-purchase order holds and delivery is at least once.
+// PurchaseId. A row carries its transaction's events, sent in one round trip.
+// A failed send nacks the row, which is resent whole before any later one, so
+// per-purchase order holds and delivery is at least once.
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
@@ -150,25 +154,26 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 	if err != nil {
 		return fmt.Errorf("outbox subscriber: %w", err)
 	}
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               cfg.Brokers,
-		Marshaler:             kafka.NewWithPartitioningMarshaler(event.PartitionKey),
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-promotion-relay"),
-	}, wlog)
-	if err != nil {
-		return fmt.Errorf("kafka publisher: %w", err)
+	pub := cfg.RelayPublisher
+	if pub == nil {
+		kp, err := kafkakit.NewBatchPublisher(cfg.Brokers, "promoflow-promotion-relay",
+			kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+		if err != nil {
+			return err
+		}
+		p.closers = append(p.closers, kp.Close)
+		pub = kp
 	}
-	p.closers = append(p.closers, pub.Close)
 	countRelayed := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
 			if err == nil {
-				m.OutboxRelayed.Inc()
+				m.OutboxRelayed.Add(float64(outbox.EventCount(msg)))
 			}
 			return out, err
 		}
 	}
-	_, err = forwarder.NewForwarder(sub, tracingPublisher{pub}, wlog, forwarder.Config{
+	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: tracingPublisher{pub}}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
 		Middlewares:    []message.HandlerMiddleware{countRelayed},

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // tracer names promoflow's spans. It follows the global provider, which the
@@ -58,19 +59,22 @@ func endSpan(span trace.Span, err error) {
 	}
 }
 
-// tracingPublisher opens a publish span per message the relay sends.
+// tracingPublisher opens a publish span per event the relay sends. The events
+// of one outbox row go to Kafka in one round trip, so their spans share it; each
+// ends with its own record's outcome.
 type tracingPublisher struct{ message.Publisher }
 
 func (p tracingPublisher) Publish(topic string, msgs ...*message.Message) error {
-	for _, msg := range msgs {
-		_, span := tracer.Start(msg.Context(), "promotion.outbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithAttributes(append(messageAttrs(msg), attribute.String("messaging.destination.name", topic))...))
-		err := p.Publisher.Publish(topic, msg)
-		endSpan(span, err)
-		span.End()
-		if err != nil {
-			return err
-		}
+	spans := make([]trace.Span, len(msgs))
+	for i, msg := range msgs {
+		_, spans[i] = tracer.Start(msg.Context(), "promotion.outbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(append(messageAttrs(msg), attribute.String("messaging.destination.name", topic),
+				attribute.Int("messaging.batch.message_count", len(msgs)))...))
 	}
-	return nil
+	err := p.Publisher.Publish(topic, msgs...)
+	for i, msg := range msgs {
+		endSpan(spans[i], kafkakit.MessageError(err, msg.UUID))
+		spans[i].End()
+	}
+	return err
 }

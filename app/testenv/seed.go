@@ -5,12 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/outbox"
 )
 
 // SeedActive inserts n Active purchases of one tenant with the given EndsAt,
@@ -41,15 +43,24 @@ func OutboxEvents(t testing.TB, db *sqlx.DB) []event.PurchaseChanged {
 	t.Helper()
 	var payloads [][]byte
 	require.NoError(t, db.Select(&payloads, `SELECT payload::text::bytea FROM promotion.outbox_messages ORDER BY transaction_id, "offset"`))
-	out := make([]event.PurchaseChanged, 0, len(payloads))
+	var out []event.PurchaseChanged
 	for _, p := range payloads {
+		// The forwarder's envelope around the row's message.
 		var env struct {
-			Payload []byte `json:"payload"`
+			UUID     string            `json:"uuid"`
+			Payload  []byte            `json:"payload"`
+			Metadata map[string]string `json:"metadata"`
 		}
 		require.NoError(t, json.Unmarshal(p, &env))
-		ev, err := event.Parse(env.Payload)
+		msg := message.NewMessage(env.UUID, env.Payload)
+		msg.Metadata = env.Metadata
+		events, err := outbox.Unpack(msg)
 		require.NoError(t, err)
-		out = append(out, ev)
+		for _, e := range events {
+			ev, err := event.Parse(e.Payload)
+			require.NoError(t, err)
+			out = append(out, ev)
+		}
 	}
 	return out
 }

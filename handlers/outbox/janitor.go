@@ -23,8 +23,9 @@ func Cleanup(ctx context.Context, db *sqlx.DB) (int64, error) {
 	return res.RowsAffected()
 }
 
-// Stats is the relay's backlog: rows not yet relayed and the age of the oldest.
+// Stats is the relay's backlog: events not yet relayed and the age of the oldest.
 type Stats struct {
+	// Backlog counts events, not rows: a row carries a transaction's events.
 	Backlog int64
 	Lag     time.Duration
 }
@@ -35,8 +36,10 @@ func ReadStats(ctx context.Context, db *sqlx.DB) (Stats, error) {
 		Backlog int64   `db:"backlog"`
 		LagSecs float64 `db:"lag_seconds"`
 	}
+	// A row without the events key is one event (written before batches).
 	// created_at is a TIMESTAMP in the session's time zone, as is localtimestamp.
-	err := db.GetContext(ctx, &row, `SELECT count(*) AS backlog,
+	err := db.GetContext(ctx, &row, `SELECT
+		COALESCE(sum(COALESCE((m.metadata->>'`+EventsMetadataKey+`')::bigint, 1)), 0)::bigint AS backlog,
 		COALESCE(EXTRACT(EPOCH FROM localtimestamp - min(m.created_at)), 0)::float8 AS lag_seconds
 		FROM `+MessagesTable+` m LEFT JOIN `+OffsetsTable+` o ON o.consumer_group = $1
 		WHERE o.consumer_group IS NULL OR NOT `+relayedPredicate, RelayConsumerGroup)

@@ -4,6 +4,7 @@ package outbox
 
 import (
 	"fmt"
+	"slices"
 
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
@@ -37,15 +38,22 @@ func Offsets() wmsql.DefaultPostgreSQLOffsetsAdapter {
 	}
 }
 
-// PublishTx enqueues msgs for destTopic in tx. They reach Kafka only if tx commits.
+// PublishTx enqueues msgs for destTopic in tx, in order, as one outbox row
+// (MaxEventsPerRow at most per row). They reach Kafka only if tx commits.
 func PublishTx(tx wmsql.ContextExecutor, destTopic string, msgs ...*message.Message) error {
 	pub, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: Schema(0)}, nil)
 	if err != nil {
 		return fmt.Errorf("outbox publisher: %w", err)
 	}
-	fwd := forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: ForwarderTopic})
-	if err := fwd.Publish(destTopic, msgs...); err != nil {
-		return fmt.Errorf("write outbox: %w", err)
+	for chunk := range slices.Chunk(msgs, MaxEventsPerRow) {
+		batch, err := pack(chunk)
+		if err != nil {
+			return err
+		}
+		fwd := forwarder.NewPublisher(rowMetadata{pub, batch.Metadata}, forwarder.PublisherConfig{ForwarderTopic: ForwarderTopic})
+		if err := fwd.Publish(destTopic, batch); err != nil {
+			return fmt.Errorf("write outbox: %w", err)
+		}
 	}
 	return nil
 }

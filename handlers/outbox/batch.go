@@ -1,0 +1,110 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// EventsMetadataKey marks an outbox message that carries a batch of events;
+// its value is how many. The row's metadata column holds it too, so that the
+// backlog and the relayed counter count events without decoding payloads.
+const EventsMetadataKey = "outbox_events"
+
+// MaxEventsPerRow is the most events one outbox row carries; a transaction
+// that writes more fills several rows. It bounds the row the relay holds in
+// memory and sends to Kafka in one request.
+const MaxEventsPerRow = 500
+
+// packedEvent is one event inside a batch payload: the message as the Kafka
+// publisher will see it.
+type packedEvent struct {
+	UUID     string           `json:"uuid"`
+	Payload  []byte           `json:"payload"`
+	Metadata message.Metadata `json:"metadata"`
+}
+
+// pack makes one message of msgs, in order.
+func pack(msgs []*message.Message) (*message.Message, error) {
+	events := make([]packedEvent, len(msgs))
+	for i, m := range msgs {
+		events[i] = packedEvent{UUID: m.UUID, Payload: m.Payload, Metadata: m.Metadata}
+	}
+	payload, err := json.Marshal(events)
+	if err != nil {
+		return nil, fmt.Errorf("pack outbox batch: %w", err)
+	}
+	batch := message.NewMessage(watermill.NewUUID(), payload)
+	batch.Metadata.Set(EventsMetadataKey, strconv.Itoa(len(msgs)))
+	return batch, nil
+}
+
+// Unpack returns the events msg carries, in the order they were written, each
+// with msg's context. A message without EventsMetadataKey is one event: a row
+// written before batches existed.
+func Unpack(msg *message.Message) ([]*message.Message, error) {
+	if msg.Metadata.Get(EventsMetadataKey) == "" {
+		return []*message.Message{msg}, nil
+	}
+	var events []packedEvent
+	if err := json.Unmarshal(msg.Payload, &events); err != nil {
+		return nil, fmt.Errorf("unpack outbox batch %s: %w", msg.UUID, err)
+	}
+	if n := EventCount(msg); n != len(events) {
+		return nil, fmt.Errorf("unpack outbox batch %s: %d events, %d announced", msg.UUID, len(events), n)
+	}
+	out := make([]*message.Message, len(events))
+	for i, e := range events {
+		out[i] = message.NewMessage(e.UUID, e.Payload)
+		maps.Copy(out[i].Metadata, e.Metadata)
+		out[i].SetContext(msg.Context())
+	}
+	return out, nil
+}
+
+// EventCount is how many events an outbox row or batch message carries.
+func EventCount(msg *message.Message) int {
+	n, err := strconv.Atoi(msg.Metadata.Get(EventsMetadataKey))
+	if err != nil {
+		return 1
+	}
+	return n
+}
+
+// Unpacker is the relay's publisher: the events of each outbox message go to
+// the wrapped publisher in one Publish call, so that the wrapped publisher can
+// send them in one round trip and one SQL ack covers them all. A failed call
+// fails the whole message, which the relay then resends whole.
+type Unpacker struct {
+	message.Publisher
+}
+
+// Publish unpacks msgs and publishes their events to topic.
+func (u Unpacker) Publish(topic string, msgs ...*message.Message) error {
+	var events []*message.Message
+	for _, msg := range msgs {
+		evs, err := Unpack(msg)
+		if err != nil {
+			return err
+		}
+		events = append(events, evs...)
+	}
+	return u.Publisher.Publish(topic, events...)
+}
+
+// rowMetadata sets the metadata column of the rows it publishes.
+type rowMetadata struct {
+	message.Publisher
+	metadata message.Metadata
+}
+
+func (p rowMetadata) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		maps.Copy(m.Metadata, p.metadata)
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
