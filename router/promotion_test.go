@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"cmp"
 	"log/slog"
 	"testing"
 	"time"
@@ -41,16 +42,23 @@ func (b *promotionBundle) start(t testing.TB, interval time.Duration) {
 // and a logger of the test's choosing.
 func (b *promotionBundle) startWith(t testing.TB, interval time.Duration, cfg expire.Config, log *slog.Logger) {
 	t.Helper()
+	b.startRouter(t, router.PromotionConfig{ExpireInterval: interval}, cfg, log)
+}
+
+// startRouter is startWith with the router's config: its brokers, and short
+// janitor and poll intervals where it sets none, are filled in.
+func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig, cfg expire.Config, log *slog.Logger) {
+	t.Helper()
 	cfg.Topic = b.topic
 	exp, err := expire.New(b.db, cfg, log)
 	require.NoError(t, err)
 	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	b.metrics = m
-	p, err := router.NewPromotion(b.db, exp, m, log, router.PromotionConfig{
-		Brokers: testenv.Brokers(t), ExpireInterval: interval, JanitorInterval: 200 * time.Millisecond,
-		OutboxPollInterval: 20 * time.Millisecond,
-	})
+	rcfg.Brokers = testenv.Brokers(t)
+	rcfg.JanitorInterval = cmp.Or(rcfg.JanitorInterval, 200*time.Millisecond)
+	rcfg.OutboxPollInterval = cmp.Or(rcfg.OutboxPollInterval, 20*time.Millisecond)
+	p, err := router.NewPromotion(b.db, exp, m, log, rcfg)
 	require.NoError(t, err)
 	catalogtest.RunUntilCleanup(t, p.Run, p.Router.IsRunning)
 }

@@ -41,9 +41,22 @@ func SeedActive(t testing.TB, db *sqlx.DB, n int, endsAt time.Time) []uuid.UUID 
 // OutboxEvents decodes every event in the outbox, in outbox order.
 func OutboxEvents(t testing.TB, db *sqlx.DB) []event.PurchaseChanged {
 	t.Helper()
+	var out []event.PurchaseChanged
+	for _, msg := range OutboxMessages(t, db) {
+		ev, err := event.Parse(msg.Payload)
+		require.NoError(t, err)
+		out = append(out, ev)
+	}
+	return out
+}
+
+// OutboxMessages are the messages in the outbox as the relay publishes them,
+// in outbox order.
+func OutboxMessages(t testing.TB, db *sqlx.DB) []*message.Message {
+	t.Helper()
 	var payloads [][]byte
 	require.NoError(t, db.Select(&payloads, `SELECT payload::text::bytea FROM promotion.outbox_messages ORDER BY transaction_id, "offset"`))
-	var out []event.PurchaseChanged
+	var out []*message.Message
 	for _, p := range payloads {
 		// The forwarder's envelope around the row's message.
 		var env struct {
@@ -54,13 +67,9 @@ func OutboxEvents(t testing.TB, db *sqlx.DB) []event.PurchaseChanged {
 		require.NoError(t, json.Unmarshal(p, &env))
 		msg := message.NewMessage(env.UUID, env.Payload)
 		msg.Metadata = env.Metadata
-		events, err := outbox.Unpack(msg)
+		msgs, err := outbox.Unpack(msg)
 		require.NoError(t, err)
-		for _, e := range events {
-			ev, err := event.Parse(e.Payload)
-			require.NoError(t, err)
-			out = append(out, ev)
-		}
+		out = append(out, msgs...)
 	}
 	return out
 }

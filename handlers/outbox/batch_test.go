@@ -1,0 +1,53 @@
+package outbox_test
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/outbox"
+)
+
+func TestUnpack_MessageWithoutEventsKeyIsOneEvent(t *testing.T) {
+	msg := message.NewMessage("m-1", []byte(`{"PurchaseId":"x"}`))
+	msg.Metadata.Set("aggregate_id", "x")
+	got, err := outbox.Unpack(msg)
+	require.NoError(t, err)
+	require.Equal(t, []*message.Message{msg}, got)
+}
+
+func TestPublishTx_OneRowPerTransactionThatUnpacksToItsEventsInOrder(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	msgs := make([]*message.Message, outbox.MaxEventsPerRow+3)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(testenv.RandomSuffix(), []byte(`{"n":1}`))
+		msgs[i].Metadata.Set("aggregate_id", testenv.RandomSuffix())
+	}
+	tx := db.MustBegin()
+	require.NoError(t, outbox.PublishTx(tx, "dest", msgs...))
+	require.NoError(t, tx.Commit())
+
+	var rows []struct {
+		Payload  []byte `db:"payload"`
+		Metadata []byte `db:"metadata"`
+	}
+	require.NoError(t, db.Select(&rows, `SELECT payload::text::bytea AS payload, metadata::text::bytea AS metadata
+		FROM promotion.outbox_messages ORDER BY "offset"`))
+	require.Len(t, rows, 2, "MaxEventsPerRow, then the rest")
+	require.JSONEq(t, `{"outbox_events":"500"}`, string(rows[0].Metadata))
+	require.JSONEq(t, `{"outbox_events":"3"}`, string(rows[1].Metadata))
+
+	got := testenv.OutboxMessages(t, db)
+	require.Len(t, got, len(msgs))
+	for i, m := range msgs {
+		require.Equal(t, m.UUID, got[i].UUID)
+		require.Equal(t, m.Payload, got[i].Payload)
+		require.Equal(t, m.Metadata, got[i].Metadata)
+	}
+	stats, err := outbox.ReadStats(t.Context(), db)
+	require.NoError(t, err)
+	require.EqualValues(t, len(msgs), stats.Backlog, "the backlog counts events")
+}

@@ -1,0 +1,260 @@
+package router_test
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit"
+)
+
+func TestRelay_BatchedKeepsPerPurchaseOrder(t *testing.T) {
+	b := setupPromotion(t, 6)
+	const purchases, versions = 300, 5
+	rng := rand.New(rand.NewPCG(7, 11))
+	ids := make([]uuid.UUID, purchases)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	// Every purchase's versions in increasing order, the purchases interleaved.
+	next := make([]int64, purchases)
+	var events []*message.Message
+	for len(events) < purchases*versions {
+		i := rng.IntN(purchases)
+		if next[i] == versions {
+			continue
+		}
+		next[i]++
+		events = append(events, versionMessage(t, ids[i], next[i], "relay-order"))
+	}
+	// Transactions of 1..250 events, so one may hold several versions of a
+	// purchase, and one of 600 that fills two rows.
+	var txs [][]*message.Message
+	for rest := events; len(rest) > 0; {
+		n := min(len(rest), 1+rng.IntN(250))
+		if len(txs) == 2 {
+			n = min(len(rest), outbox.MaxEventsPerRow+100)
+		}
+		txs = append(txs, rest[:n])
+		rest = rest[n:]
+	}
+	writeOutbox(t, b, txs...)
+	var rows int
+	require.NoError(t, b.db.Get(&rows, `SELECT count(*) FROM promotion.outbox_messages`))
+	require.Equal(t, len(txs)+1, rows, "one row per transaction, two for the one past MaxEventsPerRow")
+	stats, err := outbox.ReadStats(t.Context(), b.db)
+	require.NoError(t, err)
+	require.EqualValues(t, len(events), stats.Backlog, "the backlog counts events, not rows")
+
+	b.start(t, time.Hour)
+	records := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(events) })
+	// One partition's records arrive in offset order, and a purchase has one partition.
+	got := map[uuid.UUID][]int64{}
+	for _, r := range records {
+		ev, err := event.Parse(r.Value)
+		require.NoError(t, err)
+		require.Equal(t, ev.PurchaseId.String(), string(r.Key), "record key = PurchaseId")
+		got[ev.PurchaseId] = append(got[ev.PurchaseId], ev.Version)
+	}
+	for _, id := range ids {
+		require.Equal(t, []int64{1, 2, 3, 4, 5}, got[id], "purchase %s: every version, in increasing order", id)
+	}
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(b.metrics.OutboxRelayed) == float64(len(events))
+	}, 30*time.Second, 20*time.Millisecond, "the relayed counter counts events")
+	require.EqualValues(t, len(events), catalogtest.TopicSize(t, b.topic), "no extra record on the topic")
+}
+
+func TestRelay_NackedBatchIsResentWhole(t *testing.T) {
+	b := setupPromotion(t, 1) // one partition: Kafka's order is the relay's order
+	before := [][]*message.Message{purchaseEvents(t, 1, "relay-before"), purchaseEvents(t, 1, "relay-before"), purchaseEvents(t, 5, "relay-before")}
+	batch := purchaseEvents(t, 40, "relay-nacked")
+	after := [][]*message.Message{purchaseEvents(t, 10, "relay-after"), purchaseEvents(t, 1, "relay-after"), purchaseEvents(t, 10, "relay-after")}
+	writeOutbox(t, b, append(append(before, batch), after...)...)
+
+	kp, err := kafkakit.NewBatchPublisher(testenv.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = kp.Close() })
+	double := &refuseHalfOnce{Publisher: kp, target: batch[0].UUID}
+	b.startRouter(t, router.PromotionConfig{ExpireInterval: time.Hour, RelayPublisher: double}, expire.Config{}, slog.New(slog.DiscardHandler))
+
+	// Kafka took the first half of the batch, refused the rest; the relay then
+	// sent the whole batch again before any row written after it.
+	half := len(batch) / 2
+	var want []string
+	for _, tx := range before {
+		want = append(want, uuidsOf(tx)...)
+	}
+	want = append(append(want, uuidsOf(batch[:half])...), uuidsOf(batch)...)
+	for _, tx := range after {
+		want = append(want, uuidsOf(tx)...)
+	}
+	records := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(want) })
+	got := make([]string, len(records))
+	for i, r := range records {
+		got[i] = testenv.Header(r, kafka.UUIDHeaderKey)
+	}
+	require.Equal(t, want, got, "every event arrives; the refused batch is resent whole, before anything after it")
+	require.EqualValues(t, len(want), catalogtest.TopicSize(t, b.topic), "no extra record on the topic")
+
+	calls := double.Calls()
+	i := slices.IndexFunc(calls, func(c []string) bool { return c[0] == batch[0].UUID })
+	require.GreaterOrEqual(t, i, 0)
+	require.Equal(t, uuidsOf(batch), calls[i], "the batch went to Kafka in one call")
+	require.Equal(t, uuidsOf(batch), calls[i+1], "the next call resent the same batch, whole")
+
+	// Each event's publish spans tell its story: the refused half failed and
+	// then went through, the accepted half went through twice.
+	require.Eventually(t, func() bool {
+		statuses := publishStatuses("relay-nacked")
+		for j, m := range batch {
+			first := codes.Unset
+			if j >= half {
+				first = codes.Error
+			}
+			if len(statuses[m.UUID]) != 2 || statuses[m.UUID][0] != first || statuses[m.UUID][1] != codes.Unset {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 20*time.Millisecond)
+}
+
+func TestRelay_RowsWrittenBeforeBatchesAreRelayed(t *testing.T) {
+	b := setupPromotion(t, 1)
+	// A row in the layout of releases before batches: one event, its envelope
+	// straight in the row.
+	legacy := purchaseEvents(t, 1, "relay-legacy")[0]
+	tx := b.db.MustBegin()
+	pub, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: outbox.Schema(0)}, nil)
+	require.NoError(t, err)
+	require.NoError(t, forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: outbox.ForwarderTopic}).Publish(b.topic, legacy))
+	require.NoError(t, tx.Commit())
+	batch := purchaseEvents(t, 3, "relay-legacy")
+	writeOutbox(t, b, batch)
+	stats, err := outbox.ReadStats(t.Context(), b.db)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, stats.Backlog)
+
+	b.start(t, time.Hour)
+	records := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 4 })
+	require.Equal(t, legacy.UUID, testenv.Header(records[0], kafka.UUIDHeaderKey))
+	require.Equal(t, legacy.Metadata.Get(event.HeaderAggregateID), string(records[0].Key))
+	require.Equal(t, []byte(legacy.Payload), records[0].Value)
+	for i, m := range batch {
+		require.Equal(t, m.UUID, testenv.Header(records[i+1], kafka.UUIDHeaderKey))
+	}
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(b.metrics.OutboxRelayed) == 4
+	}, 30*time.Second, 20*time.Millisecond)
+}
+
+// refuseHalfOnce is the relay's Kafka publisher, except that the first batch
+// that starts with target gets half of its events onto Kafka and the other
+// half refused, as a partly failed SendMessages reports it.
+type refuseHalfOnce struct {
+	message.Publisher
+	target string
+
+	mu      sync.Mutex
+	refused bool
+	calls   [][]string
+}
+
+func (d *refuseHalfOnce) Publish(topic string, msgs ...*message.Message) error {
+	d.mu.Lock()
+	d.calls = append(d.calls, uuidsOf(msgs))
+	refuse := !d.refused && msgs[0].UUID == d.target
+	d.refused = d.refused || refuse
+	d.mu.Unlock()
+	if !refuse {
+		return d.Publisher.Publish(topic, msgs...)
+	}
+	half := len(msgs) / 2
+	if err := d.Publisher.Publish(topic, msgs[:half]...); err != nil {
+		return err
+	}
+	failed := make(map[string]error)
+	for _, m := range msgs[half:] {
+		failed[m.UUID] = sarama.ErrNotEnoughReplicas
+	}
+	return &kafkakit.BatchError{Failed: failed, Total: len(msgs)}
+}
+
+// Calls are the UUIDs of each Publish call, in order.
+func (d *refuseHalfOnce) Calls() [][]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([][]string(nil), d.calls...)
+}
+
+// versionMessage is an event of purchase id at version.
+func versionMessage(t testing.TB, id uuid.UUID, version int64, correlationID string) *message.Message {
+	t.Helper()
+	ev := catalogtest.PurchaseEvent(event.StatusActive, version, 10, catalogtest.Target(event.TargetProject, uuid.New()))
+	ev.PurchaseId = id
+	msg, err := event.NewMessage(ev, correlationID, time.Now())
+	require.NoError(t, err)
+	return msg
+}
+
+// purchaseEvents are the first events of n new purchases.
+func purchaseEvents(t testing.TB, n int, correlationID string) []*message.Message {
+	out := make([]*message.Message, n)
+	for i := range out {
+		out[i] = versionMessage(t, uuid.New(), 1, correlationID)
+	}
+	return out
+}
+
+// writeOutbox writes each transaction's events to the outbox as the expirer
+// and the purchase API do, one transaction after the other.
+func writeOutbox(t testing.TB, b promotionBundle, txs ...[]*message.Message) {
+	t.Helper()
+	for _, msgs := range txs {
+		tx := b.db.MustBegin()
+		require.NoError(t, outbox.PublishTx(tx, b.topic, msgs...))
+		require.NoError(t, tx.Commit())
+	}
+}
+
+func uuidsOf(msgs []*message.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.UUID
+	}
+	return out
+}
+
+// publishStatuses maps each message id to the statuses of its ended publish
+// spans, in the order they ended.
+func publishStatuses(correlationID string) map[string][]codes.Code {
+	out := map[string][]codes.Code{}
+	for _, s := range endedSpans("promotion.outbox.publish", correlationID) {
+		for _, a := range s.Attributes() {
+			if a.Key == "messaging.message.id" {
+				out[a.Value.AsString()] = append(out[a.Value.AsString()], s.Status().Code)
+			}
+		}
+	}
+	return out
+}
