@@ -43,7 +43,7 @@ func (c *promotionConfig) register(s *settings) {
 	s.bool(&c.ExpireWakeup, "expire-wakeup", "EXPIRE_WAKEUP", true, "also run a cycle at the earliest upcoming EndsAt, not only every interval")
 	s.dur(&c.ExpireWakeupPoll, "expire-wakeup-poll", "EXPIRE_WAKEUP_POLL", expire.WakeupPollDefault, "how often the earliest upcoming EndsAt is re-read (a purchase created on another instance re-arms the wake-up within it)")
 	s.dur(&c.OutboxPoll, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "how often the relay polls an idle outbox")
-	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", 500, "outbox rows the relay reads per query")
+	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", router.OutboxBatchSizeDefault, "outbox rows the relay reads per query (a row holds one transaction's events)")
 	s.dur(&c.KeyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }

@@ -33,7 +33,8 @@ type PromotionConfig struct {
 	JanitorInterval time.Duration
 	// OutboxPollInterval is how often the relay polls an idle outbox. Defaults to 100ms.
 	OutboxPollInterval time.Duration
-	// OutboxBatchSize is how many outbox rows the relay reads per query. Defaults to 500.
+	// OutboxBatchSize is how many outbox rows the relay reads per query and
+	// acks at once. Defaults to OutboxBatchSizeDefault.
 	OutboxBatchSize int
 	// IdempotencyRetention is how long an Idempotency-Key is kept. Defaults
 	// to purchase.IdempotencyRetentionDefault (24h).
@@ -45,11 +46,16 @@ type PromotionConfig struct {
 	RelayPublisher message.Publisher
 }
 
+// OutboxBatchSizeDefault is the relay's rows per query: 100 rows of an
+// expirer's 200 events are 20k events, about 23 MB of outbox JSON held at
+// once, and what a crash mid-query may send again.
+const OutboxBatchSizeDefault = 100
+
 func (c *PromotionConfig) setDefaults() {
 	c.ExpireInterval = cmp.Or(c.ExpireInterval, 60*time.Second)
 	c.JanitorInterval = cmp.Or(c.JanitorInterval, 5*time.Second)
 	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, 100*time.Millisecond)
-	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, 500)
+	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, OutboxBatchSizeDefault)
 	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, 10*time.Minute)
 }
