@@ -1,52 +1,201 @@
 package router_test
 
 import (
+	"bufio"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
-	"github.com/promoflow/promoflow/handlers/outbox"
-	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
-// relayEvents is how many outbox events one benchmark iteration relays.
-const relayEvents = 5_000
+// benchSize is full, or short under -short (what CI can afford with -benchtime 1x).
+func benchSize(full, short int) int {
+	if testing.Short() {
+		return short
+	}
+	return full
+}
 
-// BenchmarkRelay measures the outbox relay: events/s from the SQL outbox to
-// real Kafka (acks=all, idempotent producer), until every row is acked.
+// BenchmarkRelay measures the outbox relay from the SQL outbox to real Kafka
+// (acks=all, idempotent) against a bare SendMessages of the same records with
+// the same producer config, in the same run. The outbox is written as the
+// expirer writes it (200 events per transaction) and as the purchase API does
+// (1 per transaction). Reports events/s of both and their ratio.
 func BenchmarkRelay(b *testing.B) {
-	var secs float64
+	withoutSpanRecording(b)
+	n := benchSize(20_000, 2_000)
+	for _, perTx := range []int{expire.BatchSizeDefault, 1} {
+		b.Run(fmt.Sprintf("events-per-tx=%d", perTx), func(b *testing.B) {
+			var bareSecs, relaySecs, peakMB float64
+			// Alternate which side goes first, so neither always meets a warmer broker.
+			for i := range b.N {
+				if i%2 == 0 {
+					bareSecs += bareSend(b, n)
+				}
+				secs, mb := relay(b, n, perTx)
+				relaySecs += secs
+				peakMB = max(peakMB, mb)
+				if i%2 == 1 {
+					bareSecs += bareSend(b, n)
+				}
+			}
+			bare := float64(n*b.N) / bareSecs
+			got := float64(n*b.N) / relaySecs
+			b.ReportMetric(bare, "bare-events/s")
+			b.ReportMetric(got, "relay-events/s")
+			b.ReportMetric(got/bare, "ratio")
+			b.ReportMetric(peakMB, "relay-peak-rss-MB")
+		})
+	}
+}
+
+// bareSend is the baseline: n records in one SendMessages of a producer with
+// the relay's config, to a topic of 6 partitions. It returns the seconds it took.
+func bareSend(b *testing.B, n int) float64 {
+	topic := testenv.Topic(b, 6)
+	marshaler := kafka.NewWithPartitioningMarshaler(event.PartitionKey)
+	records := make([]*sarama.ProducerMessage, n)
+	for i, msg := range benchMessages(b, n) {
+		r, err := marshaler.Marshal(topic, msg)
+		require.NoError(b, err)
+		records[i] = r
+	}
+	producer, err := sarama.NewSyncProducer(testenv.Brokers(b), kafkakit.DurableProducerConfig("promoflow-bench"))
+	require.NoError(b, err)
+	defer producer.Close()
+	start := time.Now()
+	require.NoError(b, producer.SendMessages(records))
+	secs := time.Since(start).Seconds()
+	require.EqualValues(b, n, catalogtest.TopicSize(b, topic))
+	return secs
+}
+
+// relay writes n events to the outbox, perTx per transaction, and returns the
+// seconds the relay takes to get them onto a topic of 6 partitions and the
+// process's peak RSS meanwhile (MiB).
+func relay(b *testing.B, n, perTx int) (float64, float64) {
+	bundle := promotionBundle{db: testenv.DB(b), topic: testenv.Topic(b, 6)}
+	// The relay reads no row of a transaction that began after the oldest one
+	// still open (pg_snapshot_xmin). Holding gate open while the rows are
+	// written and the router starts makes them all visible at once at its commit.
+	gate := bundle.db.MustBegin()
+	gate.MustExec(`SELECT pg_current_xact_id()`)
+	msgs := benchMessages(b, n)
+	var txs [][]*message.Message
+	for i := 0; i < n; i += perTx {
+		txs = append(txs, msgs[i:min(i+perTx, n)])
+	}
+	writeOutbox(b, bundle, txs...)
+	bundle.startRouter(b, router.PromotionConfig{ExpireInterval: time.Hour}, expire.Config{}, slog.New(slog.DiscardHandler))
+
+	resetPeakRSS(b)
+	start := time.Now()
+	require.NoError(b, gate.Commit())
+	require.Eventually(b, func() bool {
+		return testutil.ToFloat64(bundle.metrics.OutboxRelayed) == float64(n)
+	}, 10*time.Minute, time.Millisecond)
+	secs := time.Since(start).Seconds()
+	peak := peakRSSMB(b)
+	require.EqualValues(b, n, catalogtest.TopicSize(b, bundle.topic))
+	return secs, peak
+}
+
+// benchMessages are the Expired events of n purchases.
+func benchMessages(b *testing.B, n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		ev := catalogtest.PurchaseEvent(event.StatusExpired, 2, 10, catalogtest.Target(event.TargetProject, uuid.New()))
+		msg, err := event.NewMessage(ev, "bench", time.Now())
+		require.NoError(b, err)
+		msgs[i] = msg
+	}
+	return msgs
+}
+
+// BenchmarkBurst measures a burst of due purchases through one promotion
+// router built as a process builds it (router.NewPromotion, its default
+// intervals and batch sizes): from the router's start until every purchase is
+// Expired and every event is on Kafka. It reports the seconds, when the last
+// purchase was Expired (the expirer's share; the relay works meanwhile and
+// finishes in the tail), and the process's peak RSS during the burst (VmHWM,
+// reset at the start through /proc/self/clear_refs).
+func BenchmarkBurst(b *testing.B) {
+	withoutSpanRecording(b)
+	n := benchSize(100_000, 10_000)
+	var totalSecs, expiredSecs, peakMB float64
 	for range b.N {
 		bundle := promotionBundle{db: testenv.DB(b), topic: testenv.Topic(b, 6)}
-		tx, err := bundle.db.Beginx()
-		require.NoError(b, err)
-		msgs := make([]*message.Message, 0, relayEvents)
-		for range relayEvents {
-			p := purchase.Purchase{ID: uuid.New(), TenantID: uuid.New(), PackageKind: "Top",
-				Targets:     []event.Target{{TargetKind: event.TargetProject, TargetId: uuid.New()}},
-				BoostWeight: 10, Status: event.StatusExpired, PaymentStatus: purchase.PaymentNotRequired,
-				StartsAt: time.Now().Add(-time.Hour), EndsAt: time.Now(), Version: 2}
-			msg, err := event.NewMessage(p.Event(), "bench", time.Now())
-			require.NoError(b, err)
-			msgs = append(msgs, msg)
-		}
-		for i := 0; i < len(msgs); i += 1000 {
-			require.NoError(b, outbox.PublishTx(tx, bundle.topic, msgs[i:min(i+1000, len(msgs))]...))
-		}
-		require.NoError(b, tx.Commit())
+		testenv.SeedActive(b, bundle.db, n, time.Now().Add(-time.Minute))
+		bundle.db.MustExec(`VACUUM ANALYZE promotion.promotion_purchases`)
+		resetPeakRSS(b)
 
 		start := time.Now()
-		bundle.start(b, time.Hour)
+		// The process defaults: a tick at once and then every 60s, janitor
+		// every 5s, the relay polling an idle outbox every 100ms.
+		bundle.startRouter(b, router.PromotionConfig{ExpireInterval: 60 * time.Second,
+			JanitorInterval: 5 * time.Second, OutboxPollInterval: 100 * time.Millisecond},
+			expire.Config{}, slog.New(slog.DiscardHandler))
+		var expiredAt time.Duration
 		require.Eventually(b, func() bool {
-			stats, err := outbox.ReadStats(b.Context(), bundle.db)
-			return err == nil && stats.Backlog == 0
-		}, 5*time.Minute, 5*time.Millisecond)
-		secs += time.Since(start).Seconds()
+			if expiredAt == 0 {
+				var active int
+				require.NoError(b, bundle.db.Get(&active, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active'`))
+				if active == 0 {
+					expiredAt = time.Since(start)
+				}
+			}
+			return expiredAt > 0 && testutil.ToFloat64(bundle.metrics.OutboxRelayed) == float64(n)
+		}, 10*time.Minute, 20*time.Millisecond)
+		totalSecs += time.Since(start).Seconds()
+		expiredSecs += expiredAt.Seconds()
+		peakMB = max(peakMB, peakRSSMB(b))
+		require.EqualValues(b, n, catalogtest.TopicSize(b, bundle.topic))
 	}
-	b.ReportMetric(float64(relayEvents*b.N)/secs, "events/s")
+	b.ReportMetric(totalSecs/float64(b.N), "burst-s")
+	b.ReportMetric(expiredSecs/float64(b.N), "all-expired-s")
+	b.ReportMetric((totalSecs-expiredSecs)/float64(b.N), "relay-tail-s")
+	b.ReportMetric(float64(n*b.N)/totalSecs, "events/s")
+	b.ReportMetric(peakMB, "peak-rss-MB")
+}
+
+// resetPeakRSS returns the heap's free memory to the OS and sets the
+// process's VmHWM back to its current RSS, so that the seeding does not count.
+func resetPeakRSS(b *testing.B) {
+	debug.FreeOSMemory()
+	require.NoError(b, os.WriteFile("/proc/self/clear_refs", []byte("5"), 0))
+}
+
+// peakRSSMB is the process's VmHWM in MiB.
+func peakRSSMB(b *testing.B) float64 {
+	f, err := os.Open("/proc/self/status")
+	require.NoError(b, err)
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			require.NoError(b, err)
+			return kb / 1024
+		}
+	}
+	b.Fatal("no VmHWM in /proc/self/status")
+	return 0
 }

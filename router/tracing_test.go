@@ -17,11 +17,21 @@ import (
 )
 
 // spans records every span the package's tests make.
-var spans = tracetest.NewSpanRecorder()
+var (
+	spans          = tracetest.NewSpanRecorder()
+	tracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+)
 
 func TestMain(m *testing.M) {
-	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
+	otel.SetTracerProvider(tracerProvider)
 	os.Exit(m.Run())
+}
+
+// withoutSpanRecording stops recording spans until b ends: the recorder keeps
+// every span, and a benchmark's would count in its memory.
+func withoutSpanRecording(b *testing.B) {
+	tracerProvider.UnregisterSpanProcessor(spans)
+	b.Cleanup(func() { tracerProvider.RegisterSpanProcessor(spans) })
 }
 
 // endedSpans returns the ended spans with that name and correlation id.
