@@ -38,6 +38,8 @@ func pack(msgs []*message.Message) (*message.Message, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pack outbox batch: %w", err)
 	}
+	// No aggregate_id: a relay of a release before batches cannot key the
+	// batch, so it retries it instead of publishing it as one record.
 	batch := message.NewMessage(watermill.NewUUID(), payload)
 	batch.Metadata.Set(EventsMetadataKey, strconv.Itoa(len(msgs)))
 	return batch, nil
