@@ -47,10 +47,11 @@ func runRebuild(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	chain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Brokers: brokers, Topic: topic})
+	chain, closeChain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Brokers: brokers, Topic: topic})
 	if err != nil {
 		return err
 	}
+	defer closeChain() //nolint:errcheck // statements of a connection pool about to close
 	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: topic, Chain: chain, Log: log})
 	if err != nil {
 		return err

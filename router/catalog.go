@@ -73,14 +73,19 @@ func (c CatalogConfig) Validate() error {
 
 // CatalogChain is the consumer chain without the poison queue, for a
 // projection rebuild run outside a catalog process: retry → contract version →
-// unit of work → dedup → handler.
-func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, error) {
+// unit of work → dedup → handler. The returned close releases its prepared
+// statements.
+func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, func() error, error) {
 	cfg.setDefaults()
 	inner, err := innerChain(db, m, log, cfg, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return chain(consume(m, log), inner...), nil
+	applier, err := boost.Prepare(context.Background(), db)
+	if err != nil {
+		return nil, nil, err
+	}
+	return chain(consume(m, log, applier), inner...), applier.Close, nil
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion
@@ -112,7 +117,13 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	if err != nil {
 		return nil, err
 	}
-	c.Chain = chain(consume(m, log), inner...)
+	applier, err := boost.Prepare(context.Background(), db)
+	if err != nil {
+		return nil, err
+	}
+	c.closers = append(c.closers, applier.Close)
+	handle := consume(m, log, applier)
+	c.Chain = chain(handle, inner...)
 	if !cfg.Enabled {
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
@@ -144,7 +155,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		if err != nil {
 			return nil, err
 		}
-		h := r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, consume(m, log))
+		h := r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle)
 		h.AddMiddleware(append([]message.HandlerMiddleware{traceReceive, m.lag.middleware, poison}, inner...)...)
 	}
 
@@ -241,7 +252,7 @@ func (c *Catalog) Ready() bool { return !c.enabled || c.Router.IsRunning() }
 func (c *Catalog) Run(ctx context.Context) error {
 	if !c.enabled {
 		<-ctx.Done()
-		return nil
+		return closeAll(c.closers)
 	}
 	return runRouter(ctx, c.Router, c.tickers, c.closers)
 }

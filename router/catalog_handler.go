@@ -11,10 +11,11 @@ import (
 	"github.com/promoflow/promoflow/middleware"
 )
 
-// consume adapts one purchase-changed message to boost.Apply inside the unit
-// of work's transaction. A payload that breaks the contract returns its
-// *event.ContractError, which the retry middleware makes permanent (DLQ).
-func consume(m *CatalogMetrics, log *slog.Logger) message.NoPublishHandlerFunc {
+// consume adapts one purchase-changed message to boost's Apply (with its
+// prepared statements) inside the unit of work's transaction. A payload that
+// breaks the contract returns its *event.ContractError, which the retry
+// middleware makes permanent (DLQ).
+func consume(m *CatalogMetrics, log *slog.Logger, applier *boost.Prepared) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) (err error) {
 		start := time.Now()
 		ctx, span := tracer.Start(msg.Context(), "catalog.promotion.process")
@@ -24,7 +25,7 @@ func consume(m *CatalogMetrics, log *slog.Logger) message.NoPublishHandlerFunc {
 			return err
 		}
 		storeCtx, store := tracer.Start(ctx, "catalog.promotion.store")
-		out, err := boost.Apply(storeCtx, middleware.Tx(ctx), ev)
+		out, err := applier.Apply(storeCtx, middleware.Tx(ctx), ev)
 		endSpan(store, err)
 		store.End()
 		if err != nil {

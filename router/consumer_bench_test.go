@@ -93,10 +93,14 @@ func newConsumerBench(b *testing.B, workers int) *consumerBench {
 	return cb
 }
 
-// applyRaw is the baseline: the same statements with no Kafka and no
-// middleware, one transaction per event, from workers goroutines.
+// applyRaw is the baseline: the same statements (prepared, as the consumer
+// runs them) with no Kafka and no middleware, one transaction per event, from
+// workers goroutines.
 func (cb *consumerBench) applyRaw(b *testing.B, workers int) {
 	ctx := context.Background()
+	applier, err := boost.Prepare(ctx, cb.c.DB)
+	require.NoError(b, err)
+	defer applier.Close()
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -109,7 +113,7 @@ func (cb *consumerBench) applyRaw(b *testing.B, workers int) {
 						"catalog-promotion:purchase-changed:"+cb.msgs[i].UUID)
 				}
 				if err == nil {
-					_, err = boost.Apply(ctx, tx, cb.evs[i])
+					_, err = applier.Apply(ctx, tx, cb.evs[i])
 				}
 				if err == nil {
 					err = tx.Commit()

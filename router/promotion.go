@@ -221,10 +221,16 @@ func runRouter(ctx context.Context, r *message.Router, tickers []*tickSource, cl
 		_ = t.pubsub.Close()
 	}
 	wg.Wait()
+	return errors.Join(err, closeAll(closers))
+}
+
+// closeAll closes what a router's handlers used.
+func closeAll(closers []func() error) error {
+	var errs []error
 	for _, c := range closers {
-		err = errors.Join(err, c())
+		errs = append(errs, c())
 	}
-	return err
+	return errors.Join(errs...)
 }
 
 // newRouter is a Watermill router logging through log. Close waits up to 30s

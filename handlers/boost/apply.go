@@ -52,12 +52,16 @@ type Outcome struct {
 // exist yet is not an error; its contribution is kept and the card's upsert
 // sums it.
 func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome, error) {
+	return apply(ctx, plain(tx), ev)
+}
+
+func apply(ctx context.Context, q querier, ev event.PurchaseChanged) (Outcome, error) {
 	projects, objects := splitTargets(ev.Targets)
 	if len(projects)+len(objects) == 0 {
 		return Outcome{PostOnly: true}, nil
 	}
 	// Before any read; see lock.go for the order and the races it closes.
-	err := lock(ctx, tx, locks{Purchase: ev.PurchaseId.String(), Projects: projects, Objects: objects, Shared: true})
+	err := lock(ctx, q, locks{Purchase: ev.PurchaseId.String(), Projects: projects, Objects: objects, Shared: true})
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -74,7 +78,7 @@ func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome,
 		Stored int64 `db:"stored"`
 		Cards  int   `db:"cards"`
 	}
-	err = tx.GetContext(ctx, &res, applySQL, ev.PurchaseId, pq.Array(kinds), pq.Array(ids), ev.BoostWeight,
+	err = q.get(ctx, &res, applySQL, ev.PurchaseId, pq.Array(kinds), pq.Array(ids), ev.BoostWeight,
 		string(ev.Status), ev.Version, ev.Status == event.StatusActive, ev.EndsAt)
 	if err != nil {
 		return Outcome{}, wrap("apply contributions", err)

@@ -65,7 +65,7 @@ func UpsertProjectCardTx(ctx context.Context, tx *sqlx.Tx, c ProjectCard) error 
 		return fmt.Errorf("project card: id must not be empty: %w", ErrInvalidCard)
 	}
 	// Exclusive: no event of this project overlaps the sum (lock.go).
-	if err := lock(ctx, tx, locks{Projects: []string{c.ID.String()}}); err != nil {
+	if err := lock(ctx, plain(tx), locks{Projects: []string{c.ID.String()}}); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.project_cards (`+projectColumns+`)
@@ -92,7 +92,7 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 	// Exclusive, the new project and then the card: a concurrent event of
 	// either neither misses this card in its cascade nor has its
 	// contribution missed by the sums below (lock.go).
-	if err := lock(ctx, tx, locks{Projects: []string{c.ProjectID.String()}, Objects: []string{c.ID.String()}}); err != nil {
+	if err := lock(ctx, plain(tx), locks{Projects: []string{c.ProjectID.String()}, Objects: []string{c.ID.String()}}); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.property_object_cards (`+objectColumns+`)

@@ -3,7 +3,6 @@ package boost
 import (
 	"context"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 )
 
@@ -83,7 +82,7 @@ type locks struct {
 }
 
 // lock takes l in the global lock order.
-func lock(ctx context.Context, tx *sqlx.Tx, l locks) error {
+func lock(ctx context.Context, q querier, l locks) error {
 	n := 1 + len(l.Projects) + len(l.Objects)
 	groups, names := make([]int64, 0, n), make([]string, 0, n)
 	add := func(group int64, prefix string, ids ...string) {
@@ -96,8 +95,7 @@ func lock(ctx context.Context, tx *sqlx.Tx, l locks) error {
 	}
 	add(groupProject, projectLock, l.Projects...)
 	add(groupObject, objectLock, l.Objects...)
-	_, err := tx.ExecContext(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared)
-	if err != nil {
+	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared); err != nil {
 		return wrap("take advisory locks", err)
 	}
 	return nil

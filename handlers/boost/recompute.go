@@ -124,7 +124,7 @@ func RepairTx(ctx context.Context, tx *sqlx.Tx, cards []CardDrift) (int, error) 
 	if err != nil {
 		return 0, wrap("read card projects", err)
 	}
-	if err := lock(ctx, tx, locks{Projects: append(projects, before...), Objects: objects}); err != nil {
+	if err := lock(ctx, plain(tx), locks{Projects: append(projects, before...), Objects: objects}); err != nil {
 		return 0, err
 	}
 	// Only an upsert moves an object, and it needs the object's lock, which
