@@ -119,8 +119,16 @@ type topicConfig struct {
 	Create      bool
 }
 
+// topicPartitionsDefault is the partitions of a topic a process creates. The
+// consumer keeps one event in flight per partition, so partitions bound a
+// catalog group's concurrency; on 2 cores one process applied about as many
+// events a second with 6 or 12 partitions and fewer with 24 or 48
+// (docs/benchmarks.md). 12 serves that, and lets up to 12 catalog processes
+// share the topic.
+const topicPartitionsDefault = 12
+
 func (c *topicConfig) register(s *settings) {
-	s.int(&c.Partitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", 6, "partitions of a topic this process creates")
+	s.int(&c.Partitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", topicPartitionsDefault, "partitions of a topic this process creates")
 	s.int(&c.Replication, "topic-replication", "KAFKA_TOPIC_REPLICATION", 1, "replication factor of a topic this process creates")
 	s.bool(&c.Create, "create-topics", "KAFKA_CREATE_TOPICS", true, "create the topics it uses at start when missing")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -110,9 +111,10 @@ func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
 	topics := c.Services["kafka-topics"]
 	require.True(t, strings.HasPrefix(topics.Image, "apache/kafka:4."))
 	script := strings.Join(topics.Command, " ")
-	require.Contains(t, script, "--topic "+event.Topic+" --partitions 6 --replication-factor 1 --config cleanup.policy=compact")
+	partitions := fmt.Sprintf(" --partitions %d --replication-factor 1", topicPartitionsDefault)
+	require.Contains(t, script, "--topic "+event.Topic+partitions+" --config cleanup.policy=compact")
 	for _, topic := range []string{middleware.DLQTopicDefault, dlqreplay.ReplayTopicDefault} {
-		require.Regexp(t, "--topic "+regexp.QuoteMeta(topic)+" --partitions 6 --replication-factor 1( &&|$)", script)
+		require.Regexp(t, "--topic "+regexp.QuoteMeta(topic)+regexp.QuoteMeta(partitions)+"( &&|$)", script)
 	}
 	for _, name := range []string{"promotion", "catalog"} {
 		var deps map[string]map[string]string

@@ -108,14 +108,13 @@ func (e *env) promotionArgs() []string {
 		tokens[i] = tn.token + "=" + tn.id.String()
 	}
 	return []string{"--database-url", e.dbURL, "--kafka-brokers", e.s.brokers, "--topic", e.topic,
-		"--topic-partitions", "6",
 		// The production schedule (60s interval, 30s most per cycle) at the alert rules' time scale.
 		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"}
 }
 
 func (e *env) catalogArgs() []string {
 	return []string{"--database-url", e.dbURL, "--kafka-brokers", e.s.brokers, "--topic", e.topic, "--dlq-topic", e.dlq,
-		"--replay-topic", e.replay, "--consumer-group", e.group, "--admin-token", e.admin, "--topic-partitions", "6",
+		"--replay-topic", e.replay, "--consumer-group", e.group, "--admin-token", e.admin,
 		"--audit-interval", "2s", "--log-level", "warn"}
 }
 
