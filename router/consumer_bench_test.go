@@ -17,8 +17,18 @@ import (
 	"github.com/promoflow/promoflow/router/catalogtest"
 )
 
-// consumerEvents is how many events each side of the benchmark applies.
-const consumerEvents = 3_000
+// consumerEvents is how many events each side of the benchmark applies:
+// 3,000, or 1,000 under -short (CI's pass).
+func consumerEvents() int { return benchSize(3_000, 1_000) }
+
+// consumerPartitions are the partition counts measured: 6, 12, 24 and 48, or
+// 6 and 24 under -short.
+func consumerPartitions() []int {
+	if testing.Short() {
+		return []int{6, 24}
+	}
+	return []int{6, 12, 24, 48}
+}
 
 // BenchmarkConsumer measures the Promotion Boost consumer end to end (Kafka
 // topic → chain → PostgreSQL) against a raw baseline that issues the same
@@ -28,7 +38,7 @@ const consumerEvents = 3_000
 // N partitions and the baseline runs N workers, for N = 6, 12, 24 and 48; each
 // reports events/s of both sides and their ratio (target >= 0.5).
 func BenchmarkConsumer(b *testing.B) {
-	for _, partitions := range []int{6, 12, 24, 48} {
+	for _, partitions := range consumerPartitions() {
 		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
 			var rawSecs, consumerSecs float64
 			for range b.N {
@@ -44,12 +54,12 @@ func BenchmarkConsumer(b *testing.B) {
 				}
 				start = time.Now()
 				kc.c.Start(b)
-				kc.c.WaitConsumed(b, consumerEvents, 5*time.Minute)
+				kc.c.WaitConsumed(b, float64(consumerEvents()), 5*time.Minute)
 				consumerSecs += time.Since(start).Seconds()
 				require.Equal(b, raw.c.CardBoosts(b), rebased(kc.c.CardBoosts(b), kc.ids, raw.ids), "both sides end in the same state")
 			}
-			rawRate := float64(consumerEvents*b.N) / rawSecs
-			consumerRate := float64(consumerEvents*b.N) / consumerSecs
+			rawRate := float64(consumerEvents()*b.N) / rawSecs
+			consumerRate := float64(consumerEvents()*b.N) / consumerSecs
 			b.ReportMetric(rawRate, "raw-events/s")
 			b.ReportMetric(consumerRate, "consumer-events/s")
 			b.ReportMetric(consumerRate/rawRate, "ratio")
@@ -82,7 +92,7 @@ func newConsumerBench(b *testing.B, workers int) *consumerBench {
 			objects = append(objects, [2]uuid.UUID{p, o})
 		}
 	}
-	for i := range consumerEvents {
+	for i := range consumerEvents() {
 		pair := objects[(i*7919)%len(objects)]
 		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%100, catalogtest.Target(event.TargetProject, pair[0]), catalogtest.Target(event.TargetPropertyObject, pair[1]))
 		cb.evs = append(cb.evs, ev)
