@@ -14,8 +14,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 func TestRun_UnknownCommandIsAClearError(t *testing.T) {
@@ -69,13 +70,13 @@ func TestPromotionCommand_HelpListsEverySettingWithItsVariable(t *testing.T) {
 // with EndsAt two seconds ahead reaches the topic as Active, then as Expired.
 func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T) {
 	t.Parallel()
-	dbURL := testenv.DatabaseURL(t)
-	topic := "pf-test-" + testenv.RandomSuffix()
+	dbURL := pgtest.DatabaseURL(t)
+	topic := "pf-test-" + kafkatest.RandomSuffix()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- runPromotion(ctx, []string{"--database-url", dbURL, "--kafka-brokers", strings.Join(testenv.Brokers(t), ","),
+		done <- runPromotion(ctx, []string{"--database-url", dbURL, "--kafka-brokers", strings.Join(kafkatest.Brokers(t), ","),
 			"--http-addr", addr, "--topic", topic, "--topic-partitions", "2", "--expire-interval", "500ms",
 			"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--log-level", "warn"})
 	}()
@@ -104,7 +105,7 @@ func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&created))
 	resp.Body.Close()
 
-	msgs := testenv.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
+	msgs := kafkatest.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
 	var statuses []event.Status
 	for _, m := range msgs {
 		require.Equal(t, created.Id, string(m.Key))

@@ -8,8 +8,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 // TestPurchaseTopic_IsCompacted: the purchase topic is a changelog of full
@@ -19,12 +20,12 @@ import (
 // that is not compacted draws a warning.
 func TestPurchaseTopic_IsCompacted(t *testing.T) {
 	t.Parallel()
-	brokers := testenv.Brokers(t)
-	purchases, dlq := "pf-test-"+testenv.RandomSuffix(), "pf-test-"+testenv.RandomSuffix()
-	testenv.CleanupTopic(t, purchases)
-	testenv.CleanupTopic(t, dlq)
+	brokers := kafkatest.Brokers(t)
+	purchases, dlq := "pf-test-"+kafkatest.RandomSuffix(), "pf-test-"+kafkatest.RandomSuffix()
+	kafkatest.CleanupTopic(t, purchases)
+	kafkatest.CleanupTopic(t, dlq)
 	cfg := topicConfig{Partitions: 2, Replication: 1, Create: true}
-	logs := &testenv.Logs{}
+	logs := &logtest.Logs{}
 
 	require.NoError(t, cfg.ensure(brokers, logs.Logger(), purchases, dlq))
 
@@ -45,7 +46,7 @@ func TestPurchaseTopic_IsCompacted(t *testing.T) {
 	require.Equal(t, []string{kafkakit.PolicyDelete}, policiesOf(dlq))
 	require.Empty(t, logs.Find(slog.LevelWarn, "purchase topic is not compacted"))
 
-	legacy := testenv.Topic(t, 1)
+	legacy := kafkatest.Topic(t, 1)
 	require.NoError(t, cfg.ensure(brokers, logs.Logger(), legacy))
 	warned := logs.Find(slog.LevelWarn, "purchase topic is not compacted")
 	require.Len(t, warned, 1, "an existing purchase topic that is not compacted is named")

@@ -9,13 +9,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/middleware"
 )
 
 type contractVersionBundle struct {
-	logs       *testenv.Logs
+	logs       *logtest.Logs
 	mismatches prometheus.Counter
 	handled    int
 	handle     message.HandlerFunc
@@ -25,7 +25,7 @@ func setupContractVersion(t *testing.T) *contractVersionBundle {
 	t.Helper()
 	t.Parallel()
 	b := &contractVersionBundle{
-		logs: &testenv.Logs{},
+		logs: &logtest.Logs{},
 		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "catalog_promotion_contract_mismatch_total",
 		}),

@@ -14,14 +14,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/middleware"
 )
 
 type dedupBundle struct {
 	db         *sqlx.DB
-	logs       *testenv.Logs
+	logs       *logtest.Logs
 	duplicates atomic.Int32
 	calls      atomic.Int32
 	// handle runs UnitOfWork → Dedup → handler, where handler applies the effect
@@ -32,7 +32,7 @@ type dedupBundle struct {
 func setupDedup(t *testing.T) *dedupBundle {
 	t.Helper()
 	t.Parallel()
-	b := &dedupBundle{db: catalogDB(t), logs: &testenv.Logs{}}
+	b := &dedupBundle{db: catalogDB(t), logs: &logtest.Logs{}}
 	dedup, err := middleware.Dedup(middleware.DedupConfig{
 		Logger:      b.logs.Logger(),
 		OnDuplicate: func(*message.Message) { b.duplicates.Add(1) },

@@ -14,10 +14,11 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // catalogDB is a migrated database of the test's own with the dedup table
@@ -25,7 +26,7 @@ import (
 // and a test-only effects table whose counter stands for a handler's state change.
 func catalogDB(t *testing.T) *sqlx.DB {
 	t.Helper()
-	db := testenv.DB(t)
+	db := pgtest.DB(t)
 	_, err := db.Exec(`
 		CREATE SCHEMA IF NOT EXISTS catalog;
 		CREATE TABLE IF NOT EXISTS catalog.processed_messages (
@@ -110,7 +111,7 @@ func (p *recordingPublisher) published() []*message.Message {
 func kafkaPublisher(t *testing.T, marshaler kafka.Marshaler) message.Publisher {
 	t.Helper()
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               testenv.Brokers(t),
+		Brokers:               kafkatest.Brokers(t),
 		Marshaler:             marshaler,
 		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("test"),
 	}, watermill.NopLogger{})
@@ -123,7 +124,7 @@ func kafkaPublisher(t *testing.T, marshaler kafka.Marshaler) message.Publisher {
 // with the given middlewares, as the catalog router does, until the test ends.
 func runConsumer(t *testing.T, topic string, h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) {
 	t.Helper()
-	runGroupConsumer(t, topic, "pf-test-"+testenv.RandomSuffix(), nil, h, mws...)
+	runGroupConsumer(t, topic, "pf-test-"+kafkatest.RandomSuffix(), nil, h, mws...)
 }
 
 // runGroupConsumer is runConsumer as a member of group, with tracer (may be nil)
@@ -135,7 +136,7 @@ func runGroupConsumer(t *testing.T, topic, group string, tracer kafka.SaramaTrac
 	cfg.Version = kafkakit.KafkaVersion
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:               testenv.Brokers(t),
+		Brokers:               kafkatest.Brokers(t),
 		Unmarshaler:           kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: cfg,
 		ConsumerGroup:         group,

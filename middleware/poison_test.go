@@ -16,15 +16,16 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 func TestPoisonQueue_KeepsOriginalBytesAndHeadersAndAddsDLQHeaders(t *testing.T) {
 	t.Parallel()
-	source, dlqTopic := testenv.Topic(t, 1), testenv.Topic(t, 1)
-	logs := &testenv.Logs{}
+	source, dlqTopic := kafkatest.Topic(t, 1), kafkatest.Topic(t, 1)
+	logs := &logtest.Logs{}
 	var deadLettered atomic.Int32
 	poison, err := middleware.PoisonQueue(
 		kafkaPublisher(t, kafka.NewWithPartitioningMarshaler(middleware.DLQPartitionKey)),
@@ -67,19 +68,19 @@ func TestPoisonQueue_KeepsOriginalBytesAndHeadersAndAddsDLQHeaders(t *testing.T)
 	require.NoError(t, src.Publish(source, bad))
 	require.NoError(t, src.Publish(source, good))
 
-	dead := testenv.ReadTopic(t, dlqTopic, time.Minute, func(got []*sarama.ConsumerMessage) bool { return len(got) == 1 })[0]
-	original := testenv.ReadTopic(t, source, 10*time.Second, func(got []*sarama.ConsumerMessage) bool { return len(got) == 2 })[0]
+	dead := kafkatest.ReadTopic(t, dlqTopic, time.Minute, func(got []*sarama.ConsumerMessage) bool { return len(got) == 1 })[0]
+	original := kafkatest.ReadTopic(t, source, 10*time.Second, func(got []*sarama.ConsumerMessage) bool { return len(got) == 2 })[0]
 
 	require.Equal(t, original.Value, dead.Value, "the record value is the original bytes")
-	require.Equal(t, bad.UUID, testenv.Header(dead, kafka.UUIDHeaderKey), "the same message UUID")
+	require.Equal(t, bad.UUID, kafkatest.Header(dead, kafka.UUIDHeaderKey), "the same message UUID")
 	for key, value := range bad.Metadata {
-		require.Equal(t, value, testenv.Header(dead, key), "original header %s", key)
+		require.Equal(t, value, kafkatest.Header(dead, key), "original header %s", key)
 	}
-	require.Equal(t, middleware.CodeContractViolation, testenv.Header(dead, middleware.HeaderDLQErrorCode))
-	require.Contains(t, testenv.Header(dead, middleware.HeaderDLQReason), "malformed JSON")
-	require.Equal(t, source, testenv.Header(dead, middleware.HeaderSourceTopic))
-	require.Equal(t, strconv.Itoa(int(original.Partition)), testenv.Header(dead, middleware.HeaderOriginalPartition))
-	require.Equal(t, strconv.FormatInt(original.Offset, 10), testenv.Header(dead, middleware.HeaderOriginalOffset))
+	require.Equal(t, middleware.CodeContractViolation, kafkatest.Header(dead, middleware.HeaderDLQErrorCode))
+	require.Contains(t, kafkatest.Header(dead, middleware.HeaderDLQReason), "malformed JSON")
+	require.Equal(t, source, kafkatest.Header(dead, middleware.HeaderSourceTopic))
+	require.Equal(t, strconv.Itoa(int(original.Partition)), kafkatest.Header(dead, middleware.HeaderOriginalPartition))
+	require.Equal(t, strconv.FormatInt(original.Offset, 10), kafkatest.Header(dead, middleware.HeaderOriginalOffset))
 	require.Equal(t, purchaseID, string(dead.Key), "keyed by purchase for an ordered replay")
 
 	require.Eventually(t, func() bool {
@@ -99,7 +100,7 @@ func TestPoisonQueue_KeepsOriginalBytesAndHeadersAndAddsDLQHeaders(t *testing.T)
 func TestPoisonQueue_PublishFailureNacksInsteadOfDropping(t *testing.T) {
 	t.Parallel()
 	brokerDown := errors.New("kafka: client has run out of available brokers")
-	logs := &testenv.Logs{}
+	logs := &logtest.Logs{}
 	var deadLettered atomic.Int32
 	poison, err := middleware.PoisonQueue(&recordingPublisher{err: brokerDown}, middleware.PoisonConfig{
 		Logger:       logs.Logger(),

@@ -14,9 +14,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 // errConflict stands for the business handler's optimistic-lock sentinel
@@ -32,7 +33,7 @@ type retryCall struct {
 }
 
 type retryBundle struct {
-	logs  *testenv.Logs
+	logs  *logtest.Logs
 	dlq   *recordingPublisher
 	calls atomic.Int32
 
@@ -55,7 +56,7 @@ func (b *retryBundle) retried() []retryCall {
 func setupRetry(t *testing.T, cfg middleware.RetryConfig, fail func(call int) error) *retryBundle {
 	t.Helper()
 	t.Parallel()
-	b := &retryBundle{logs: &testenv.Logs{}, dlq: &recordingPublisher{}}
+	b := &retryBundle{logs: &logtest.Logs{}, dlq: &recordingPublisher{}}
 	cfg.IsConflict = func(err error) bool { return errors.Is(err, errConflict) }
 	cfg.Logger = b.logs.Logger()
 	cfg.OnRetry = func(_ *message.Message, kind string, attempt int, delay time.Duration, _ error) {
@@ -240,7 +241,7 @@ func TestRetry_ConfigNeedsAConflictClassifier(t *testing.T) {
 
 func TestRetry_InfrastructureErrorPausesItsPartitionUntilItClears(t *testing.T) {
 	t.Parallel()
-	source := testenv.Topic(t, 1)
+	source := kafkatest.Topic(t, 1)
 	dlq := &recordingPublisher{}
 	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
@@ -290,9 +291,9 @@ func TestRetry_InfrastructureErrorPausesItsPartitionUntilItClears(t *testing.T) 
 // the whole group waiting for the rebalance timeout and evicting the first.
 func TestRetry_YieldsPartitionOnRebalance(t *testing.T) {
 	t.Parallel()
-	topic := testenv.Topic(t, 2)
-	group := "pf-test-" + testenv.RandomSuffix()
-	logs := &testenv.Logs{}
+	topic := kafkatest.Topic(t, 2)
+	group := "pf-test-" + kafkatest.RandomSuffix()
+	logs := &logtest.Logs{}
 	claims := middleware.NewClaims()
 	var retries, yields atomic.Int32
 	retry, err := middleware.Retry(middleware.RetryConfig{

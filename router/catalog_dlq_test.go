@@ -10,10 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 func TestCatalog_MalformedRecordGoesToDLQWithHeadersWhileThePartitionFlows(t *testing.T) {
@@ -28,15 +28,15 @@ func TestCatalog_MalformedRecordGoesToDLQWithHeadersWhileThePartitionFlows(t *te
 	b.Produce(t, ev)
 	b.WaitBoost(t, event.TargetProject, project, 10)
 
-	dlq := testenv.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })
+	dlq := kafkatest.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })
 	rec := dlq[0]
 	require.Equal(t, bad.Payload, message.Payload(rec.Value), "the original bytes")
-	require.Equal(t, bad.UUID, testenv.Header(rec, "_watermill_message_uuid"))
-	require.Equal(t, "test", testenv.Header(rec, event.HeaderCorrelationID), "the original headers")
-	require.Equal(t, middleware.CodeContractViolation, testenv.Header(rec, middleware.HeaderDLQErrorCode))
-	require.Contains(t, testenv.Header(rec, middleware.HeaderDLQReason), "Version")
-	require.Equal(t, b.Cfg.Topic, testenv.Header(rec, middleware.HeaderSourceTopic))
-	require.NotEmpty(t, testenv.Header(rec, middleware.HeaderOriginalOffset))
-	require.NotEmpty(t, testenv.Header(rec, middleware.HeaderOriginalPartition))
+	require.Equal(t, bad.UUID, kafkatest.Header(rec, "_watermill_message_uuid"))
+	require.Equal(t, "test", kafkatest.Header(rec, event.HeaderCorrelationID), "the original headers")
+	require.Equal(t, middleware.CodeContractViolation, kafkatest.Header(rec, middleware.HeaderDLQErrorCode))
+	require.Contains(t, kafkatest.Header(rec, middleware.HeaderDLQReason), "Version")
+	require.Equal(t, b.Cfg.Topic, kafkatest.Header(rec, middleware.HeaderSourceTopic))
+	require.NotEmpty(t, kafkatest.Header(rec, middleware.HeaderOriginalOffset))
+	require.NotEmpty(t, kafkatest.Header(rec, middleware.HeaderOriginalPartition))
 	require.Equal(t, 1.0, testutil.ToFloat64(b.Metrics.DLQ))
 }

@@ -11,10 +11,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 // consumerEvents is how many events each side of the benchmark applies:
@@ -48,7 +48,7 @@ func BenchmarkConsumer(b *testing.B) {
 				rawSecs += time.Since(start).Seconds()
 
 				kc := newConsumerBench(b, partitions)
-				kc.c.Cfg.Topic = testenv.Topic(b, int32(partitions))
+				kc.c.Cfg.Topic = kafkatest.Topic(b, int32(partitions))
 				for i := 0; i < len(kc.msgs); i += 500 {
 					require.NoError(b, kc.c.Pub.Publish(kc.c.Cfg.Topic, kc.msgs[i:min(i+500, len(kc.msgs))]...))
 				}

@@ -10,10 +10,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 // TestEndToEnd_PurchaseBoostsCardsAndCancelOrExpiryRemovesIt runs both
@@ -53,7 +53,7 @@ func TestEndToEnd_PurchaseBoostsCardsAndCancelOrExpiryRemovesIt(t *testing.T) {
 
 	// Kafka delivers the Active record again, and an old snapshot late:
 	// neither brings the boost back.
-	records := testenv.ReadTopic(t, c.Cfg.Topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 4 })
+	records := kafkatest.ReadTopic(t, c.Cfg.Topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 4 })
 	for _, rec := range records {
 		if ev, err := event.Parse(rec.Value); err == nil && ev.PurchaseId == projectBuy.ID && ev.Status == event.StatusActive {
 			msg, err := kafka.DefaultMarshaler{}.Unmarshal(rec)

@@ -11,11 +11,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // The wake-up tests run before the parallel tests (they do not call
@@ -30,7 +33,7 @@ const expiryBound = 1500 * time.Millisecond
 const heartbeat = 60 * time.Second
 
 func TestExpirer_WakesAtEarliestEndsAt(t *testing.T) {
-	b := promotionBundle{db: testenv.DB(t), topic: testenv.Topic(t, 1)}
+	b := promotionBundle{db: pgtest.DB(t), topic: kafkatest.Topic(t, 1)}
 	b.start(t, heartbeat)
 
 	p := createEndingIn(t, &purchase.Service{DB: b.db, Topic: b.topic}, time.Second)
@@ -42,13 +45,13 @@ func TestExpirer_WakesAtEarliestEndsAt(t *testing.T) {
 }
 
 func TestExpirer_EarlierPurchaseCreatedOnOtherInstanceRearmsWakeup(t *testing.T) {
-	url := testenv.DatabaseURL(t)
-	topic := testenv.Topic(t, 1)
-	a := promotionBundle{db: testenv.Open(t, url), topic: topic}
-	other := promotionBundle{db: testenv.Open(t, url), topic: topic}
-	far := testenv.SeedActive(t, a.db, 1, time.Now().Add(time.Hour))[0]
+	url := pgtest.DatabaseURL(t)
+	topic := kafkatest.Topic(t, 1)
+	a := promotionBundle{db: pgtest.Open(t, url), topic: topic}
+	other := promotionBundle{db: pgtest.Open(t, url), topic: topic}
+	far := purchasetest.SeedActive(t, a.db, 1, time.Now().Add(time.Hour))[0]
 
-	logsA := &testenv.Logs{}
+	logsA := &logtest.Logs{}
 	a.startWith(t, heartbeat, expire.Config{}, logsA.Logger())
 	// Instance B has no wake-up of its own: only A's re-arm can expire the
 	// new purchase within the bound.
@@ -68,7 +71,7 @@ func TestExpirer_EarlierPurchaseCreatedOnOtherInstanceRearmsWakeup(t *testing.T)
 		expiredByA = expiredByA || l["PurchaseId"] == p.ID.String()
 	}
 	require.True(t, expiredByA, "instance A expired the purchase created on B")
-	require.Equal(t, event.StatusActive, testenv.Statuses(t, a.db)[far].Status)
+	require.Equal(t, event.StatusActive, purchasetest.Statuses(t, a.db)[far].Status)
 }
 
 // createEndingIn creates a purchase through the API's use case, ending in d.

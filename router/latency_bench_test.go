@@ -15,10 +15,10 @@ import (
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 // Load of BenchmarkExpiryLatency: expiries per second, and the time allowed
@@ -231,7 +231,7 @@ type expiredRecord struct {
 func readExpired(b *testing.B, topic string, n int) []expiredRecord {
 	var out []expiredRecord
 	read := 0
-	testenv.ReadTopic(b, topic, 2*time.Minute, func(ms []*sarama.ConsumerMessage) bool {
+	kafkatest.ReadTopic(b, topic, 2*time.Minute, func(ms []*sarama.ConsumerMessage) bool {
 		for ; read < len(ms); read++ {
 			if ev, err := event.Parse(ms[read].Value); err == nil && ev.Status == event.StatusExpired {
 				out = append(out, expiredRecord{ms[read], ev.PurchaseId})

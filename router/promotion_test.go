@@ -13,11 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 type promotionBundle struct {
@@ -29,7 +31,7 @@ type promotionBundle struct {
 func setupPromotion(t *testing.T, partitions int32) promotionBundle {
 	t.Helper()
 	t.Parallel()
-	return promotionBundle{db: testenv.DB(t), topic: testenv.Topic(t, partitions)}
+	return promotionBundle{db: pgtest.DB(t), topic: kafkatest.Topic(t, partitions)}
 }
 
 // start runs one promotion router (one process's worth) until the test ends.
@@ -55,7 +57,7 @@ func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig,
 	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	b.metrics = m
-	rcfg.Brokers = testenv.Brokers(t)
+	rcfg.Brokers = kafkatest.Brokers(t)
 	rcfg.JanitorInterval = cmp.Or(rcfg.JanitorInterval, 200*time.Millisecond)
 	rcfg.OutboxPollInterval = cmp.Or(rcfg.OutboxPollInterval, 20*time.Millisecond)
 	p, err := router.NewPromotion(b.db, exp, m, log, rcfg)
@@ -65,10 +67,10 @@ func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig,
 
 func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {
 	b := setupPromotion(t, 3)
-	due := testenv.SeedActive(t, b.db, 3, time.Now().Add(-time.Minute))
+	due := purchasetest.SeedActive(t, b.db, 3, time.Now().Add(-time.Minute))
 	b.start(t, 100*time.Millisecond)
 
-	msgs := testenv.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 3 })
+	msgs := kafkatest.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 3 })
 	seen := map[uuid.UUID]bool{}
 	for _, m := range msgs {
 		ev, err := event.Parse(m.Value)
@@ -76,14 +78,14 @@ func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {
 		require.Equal(t, event.StatusExpired, ev.Status)
 		require.EqualValues(t, 2, ev.Version)
 		require.Equal(t, ev.PurchaseId.String(), string(m.Key), "record key = PurchaseId")
-		require.Equal(t, "1", testenv.Header(m, event.HeaderContractVersion))
-		require.Equal(t, event.EventType, testenv.Header(m, event.HeaderEventType))
-		require.Equal(t, event.AggregateType, testenv.Header(m, event.HeaderAggregateType))
-		require.Equal(t, ev.PurchaseId.String(), testenv.Header(m, event.HeaderAggregateID))
-		require.Equal(t, ev.TenantId.String(), testenv.Header(m, event.HeaderTenantID))
-		require.NotEmpty(t, testenv.Header(m, event.HeaderCorrelationID))
-		require.NotEmpty(t, testenv.Header(m, event.HeaderOccurredAt))
-		require.NotEmpty(t, testenv.Header(m, "_watermill_message_uuid"), "the MessageId travels with the record")
+		require.Equal(t, "1", kafkatest.Header(m, event.HeaderContractVersion))
+		require.Equal(t, event.EventType, kafkatest.Header(m, event.HeaderEventType))
+		require.Equal(t, event.AggregateType, kafkatest.Header(m, event.HeaderAggregateType))
+		require.Equal(t, ev.PurchaseId.String(), kafkatest.Header(m, event.HeaderAggregateID))
+		require.Equal(t, ev.TenantId.String(), kafkatest.Header(m, event.HeaderTenantID))
+		require.NotEmpty(t, kafkatest.Header(m, event.HeaderCorrelationID))
+		require.NotEmpty(t, kafkatest.Header(m, event.HeaderOccurredAt))
+		require.NotEmpty(t, kafkatest.Header(m, "_watermill_message_uuid"), "the MessageId travels with the record")
 		seen[ev.PurchaseId] = true
 	}
 	for _, id := range due {
@@ -94,7 +96,7 @@ func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {
 // TestPromotion_AccuracySLOHolds runs before the parallel tests (it does not
 // call t.Parallel), so that their load on the shared cluster does not blur the timing.
 func TestPromotion_AccuracySLOHolds(t *testing.T) {
-	b := promotionBundle{db: testenv.DB(t), topic: testenv.Topic(t, 1)}
+	b := promotionBundle{db: pgtest.DB(t), topic: kafkatest.Topic(t, 1)}
 	// Interval in the seed is 1-5 min; 2s keeps the test short yet above the
 	// relay delays that other tests sharing the PostgreSQL cluster cause.
 	const interval = 2 * time.Second
@@ -102,13 +104,13 @@ func TestPromotion_AccuracySLOHolds(t *testing.T) {
 	// EndsAt spread over the next three seconds.
 	var ids []uuid.UUID
 	for i := range 6 {
-		ids = append(ids, testenv.SeedActive(t, b.db, 1, start.Add(time.Duration(i)*500*time.Millisecond))...)
+		ids = append(ids, purchasetest.SeedActive(t, b.db, 1, start.Add(time.Duration(i)*500*time.Millisecond))...)
 	}
 	b.start(t, interval)
 
 	// The record timestamp is the relay's produce time.
 	published := map[uuid.UUID]time.Time{}
-	testenv.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+	kafkatest.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
 		for _, m := range ms {
 			if ev, err := event.Parse(m.Value); err == nil {
 				published[ev.PurchaseId] = m.Timestamp
@@ -136,12 +138,12 @@ func TestPromotion_AccuracySLOHolds(t *testing.T) {
 
 func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *testing.T) {
 	b := setupPromotion(t, 6)
-	due := testenv.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))
+	due := purchasetest.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))
 	b.start(t, 200*time.Millisecond)
 	b.start(t, 200*time.Millisecond)
 
 	perPurchase := map[string]int{}
-	testenv.ReadTopic(t, b.topic, 3*time.Minute, func(ms []*sarama.ConsumerMessage) bool {
+	kafkatest.ReadTopic(t, b.topic, 3*time.Minute, func(ms []*sarama.ConsumerMessage) bool {
 		return len(ms) >= len(due)
 	})
 	// All relayed: the outbox is empty of unacked rows; then nothing else can arrive.
@@ -150,7 +152,7 @@ func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *test
 		_ = b.db.Get(&n, `SELECT count(*) FROM promotion.outbox_messages`)
 		return n == 0
 	}, time.Minute, 50*time.Millisecond, "relayed rows are cleaned up")
-	msgs := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(due) })
+	msgs := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(due) })
 	require.Equal(t, len(due), int(catalogtest.TopicSize(t, b.topic)), "no extra record on the topic")
 	for _, m := range msgs {
 		perPurchase[string(m.Key)]++
@@ -158,14 +160,14 @@ func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *test
 	for _, id := range due {
 		require.Equal(t, 1, perPurchase[id.String()], "exactly one event for %s", id)
 	}
-	for id, st := range testenv.Statuses(t, b.db) {
-		require.Equal(t, testenv.State{Status: event.StatusExpired, Version: 2}, st, "exactly one transition for %s", id)
+	for id, st := range purchasetest.Statuses(t, b.db) {
+		require.Equal(t, purchasetest.State{Status: event.StatusExpired, Version: 2}, st, "exactly one transition for %s", id)
 	}
 }
 
 func TestPromotion_MetricsReportCyclesAndOutbox(t *testing.T) {
 	b := setupPromotion(t, 1)
-	testenv.SeedActive(t, b.db, 4, time.Now().Add(-time.Minute))
+	purchasetest.SeedActive(t, b.db, 4, time.Now().Add(-time.Minute))
 	b.start(t, 100*time.Millisecond)
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(b.metrics.Items.WithLabelValues("expired")) == 4 &&

@@ -18,12 +18,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // benchSize is full, or short under -short (what CI can afford with -benchtime 1x).
@@ -70,7 +72,7 @@ func BenchmarkRelay(b *testing.B) {
 // bareSend is the baseline: n records in one SendMessages of a producer with
 // the relay's config, to a topic of 6 partitions. It returns the seconds it took.
 func bareSend(b *testing.B, n int) float64 {
-	topic := testenv.Topic(b, 6)
+	topic := kafkatest.Topic(b, 6)
 	marshaler := kafka.NewWithPartitioningMarshaler(event.PartitionKey)
 	records := make([]*sarama.ProducerMessage, n)
 	for i, msg := range benchMessages(b, n) {
@@ -78,7 +80,7 @@ func bareSend(b *testing.B, n int) float64 {
 		require.NoError(b, err)
 		records[i] = r
 	}
-	producer, err := sarama.NewSyncProducer(testenv.Brokers(b), kafkakit.DurableProducerConfig("promoflow-bench"))
+	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(b), kafkakit.DurableProducerConfig("promoflow-bench"))
 	require.NoError(b, err)
 	defer producer.Close()
 	start := time.Now()
@@ -92,7 +94,7 @@ func bareSend(b *testing.B, n int) float64 {
 // seconds the relay takes to get them onto a topic of 6 partitions and the
 // process's peak RSS meanwhile (MiB).
 func relay(b *testing.B, n, perTx int) (float64, float64) {
-	bundle := promotionBundle{db: testenv.DB(b), topic: testenv.Topic(b, 6)}
+	bundle := promotionBundle{db: pgtest.DB(b), topic: kafkatest.Topic(b, 6)}
 	// The relay reads no row of a transaction that began after the oldest one
 	// still open (pg_snapshot_xmin). Holding gate open while the rows are
 	// written and the router starts makes them all visible at once at its commit.
@@ -142,8 +144,8 @@ func BenchmarkBurst(b *testing.B) {
 	n := benchSize(100_000, 10_000)
 	var totalSecs, expiredSecs, peakMB float64
 	for range b.N {
-		bundle := promotionBundle{db: testenv.DB(b), topic: testenv.Topic(b, 6)}
-		testenv.SeedActive(b, bundle.db, n, time.Now().Add(-time.Minute))
+		bundle := promotionBundle{db: pgtest.DB(b), topic: kafkatest.Topic(b, 6)}
+		purchasetest.SeedActive(b, bundle.db, n, time.Now().Add(-time.Minute))
 		bundle.db.MustExec(`VACUUM ANALYZE promotion.promotion_purchases`)
 		resetPeakRSS(b)
 

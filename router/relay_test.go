@@ -18,13 +18,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 func TestRelay_BatchedKeepsPerPurchaseOrder(t *testing.T) {
@@ -66,7 +66,7 @@ func TestRelay_BatchedKeepsPerPurchaseOrder(t *testing.T) {
 	require.EqualValues(t, len(events), stats.Backlog, "the backlog counts events, not rows")
 
 	b.start(t, time.Hour)
-	records := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(events) })
+	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(events) })
 	// One partition's records arrive in offset order, and a purchase has one partition.
 	got := map[uuid.UUID][]int64{}
 	for _, r := range records {
@@ -91,7 +91,7 @@ func TestRelay_NackedBatchIsResentWhole(t *testing.T) {
 	after := [][]*message.Message{purchaseEvents(t, 10, "relay-after"), purchaseEvents(t, 1, "relay-after"), purchaseEvents(t, 10, "relay-after")}
 	writeOutbox(t, b, append(append(before, batch), after...)...)
 
-	kp, err := kafkakit.NewBatchPublisher(testenv.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	kp, err := kafkakit.NewBatchPublisher(kafkatest.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	double := &refuseHalfOnce{Publisher: kp, target: batch[0].UUID}
@@ -108,10 +108,10 @@ func TestRelay_NackedBatchIsResentWhole(t *testing.T) {
 	for _, tx := range after {
 		want = append(want, uuidsOf(tx)...)
 	}
-	records := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(want) })
+	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(want) })
 	got := make([]string, len(records))
 	for i, r := range records {
-		got[i] = testenv.Header(r, kafka.UUIDHeaderKey)
+		got[i] = kafkatest.Header(r, kafka.UUIDHeaderKey)
 	}
 	require.Equal(t, want, got, "every event arrives; the refused batch is resent whole, before anything after it")
 	require.EqualValues(t, len(want), catalogtest.TopicSize(t, b.topic), "no extra record on the topic")
@@ -156,12 +156,12 @@ func TestRelay_RowsWrittenBeforeBatchesAreRelayed(t *testing.T) {
 	require.EqualValues(t, 4, stats.Backlog)
 
 	b.start(t, time.Hour)
-	records := testenv.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 4 })
-	require.Equal(t, legacy.UUID, testenv.Header(records[0], kafka.UUIDHeaderKey))
+	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 4 })
+	require.Equal(t, legacy.UUID, kafkatest.Header(records[0], kafka.UUIDHeaderKey))
 	require.Equal(t, legacy.Metadata.Get(event.HeaderAggregateID), string(records[0].Key))
 	require.Equal(t, []byte(legacy.Payload), records[0].Value)
 	for i, m := range batch {
-		require.Equal(t, m.UUID, testenv.Header(records[i+1], kafka.UUIDHeaderKey))
+		require.Equal(t, m.UUID, kafkatest.Header(records[i+1], kafka.UUIDHeaderKey))
 	}
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(b.metrics.OutboxRelayed) == 4

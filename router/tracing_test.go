@@ -11,8 +11,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router/catalogtest"
 )
 
@@ -52,7 +52,7 @@ func endedSpans(name, correlationID string) []sdktrace.ReadOnlySpan {
 
 func TestTracing_CycleAndPublishSpansShareTheRunID(t *testing.T) {
 	b := setupPromotion(t, 1)
-	testenv.SeedActive(t, b.db, 1, time.Now().Add(-time.Minute))
+	purchasetest.SeedActive(t, b.db, 1, time.Now().Add(-time.Minute))
 	b.start(t, time.Hour)
 	require.Eventually(t, func() bool {
 		for _, s := range spans.Ended() {

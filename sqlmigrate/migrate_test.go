@@ -9,13 +9,13 @@ import (
 	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/sqlmigrate"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 	t.Parallel()
-	url := testenv.DatabaseURL(t)
+	url := pgtest.DatabaseURL(t)
 	all, err := sqlmigrate.All()
 	require.NoError(t, err)
 
@@ -61,7 +61,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 
 func TestStatus_OnAnEmptyDatabaseListsEveryMigrationAsPending(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("postgres", testenv.DatabaseURL(t))
+	db, err := sql.Open("postgres", pgtest.DatabaseURL(t))
 	require.NoError(t, err)
 	defer db.Close()
 	st, err := sqlmigrate.Status(context.Background(), db)

@@ -12,17 +12,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/app/api"
-	"github.com/promoflow/promoflow/app/testenv"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/rebuild"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 func setupCatalogAPI(t *testing.T) apiBundle {
 	t.Helper()
 	t.Parallel()
-	db := testenv.DB(t)
+	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	log := slog.New(slog.DiscardHandler)
-	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: testenv.Brokers(t), Topic: testenv.Topic(t, 1), Log: log,
+	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: kafkatest.Brokers(t), Topic: kafkatest.Topic(t, 1), Log: log,
 		Chain: func(*message.Message) ([]*message.Message, error) { return nil, nil }})
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)

@@ -17,10 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/app/api"
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 var (
@@ -36,7 +37,7 @@ type apiBundle struct {
 func setup(t *testing.T) apiBundle {
 	t.Helper()
 	t.Parallel()
-	db := testenv.DB(t)
+	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	(&api.Promotions{
 		Service: &purchase.Service{DB: db},
@@ -107,7 +108,7 @@ func TestAPI_CreateIsActiveAtOnceWithItsEventInTheOutbox(t *testing.T) {
 	require.EqualValues(t, 1, r.Body["Version"])
 	require.Equal(t, tenantA.String(), r.Body["TenantId"])
 
-	evs := testenv.OutboxEvents(t, b.db)
+	evs := purchasetest.OutboxEvents(t, b.db)
 	require.Len(t, evs, 1)
 	require.Equal(t, event.StatusActive, evs[0].Status)
 	require.Equal(t, r.Body["Id"], evs[0].PurchaseId.String())
@@ -252,7 +253,7 @@ func TestAPI_CancelMovesActiveToCancelledOnce(t *testing.T) {
 	require.Equal(t, http.StatusConflict, again.Status)
 	require.Contains(t, again.Body["error"].(map[string]any)["message"], "Cancelled")
 
-	evs := testenv.OutboxEvents(t, b.db)
+	evs := purchasetest.OutboxEvents(t, b.db)
 	require.Len(t, evs, 2)
 	require.Equal(t, event.StatusCancelled, evs[1].Status)
 	require.Equal(t, http.StatusNotFound, b.do(t, "POST", "/promotions/"+uuid.NewString()+"/cancel", "token-a", nil).Status)
@@ -302,7 +303,7 @@ func TestAPI_CancelRacingTheExpirerEndsInOneTerminalTransition(t *testing.T) {
 	wg.Wait()
 
 	events := map[string][]event.PurchaseChanged{}
-	for _, ev := range testenv.OutboxEvents(t, b.db) {
+	for _, ev := range purchasetest.OutboxEvents(t, b.db) {
 		events[ev.PurchaseId.String()] = append(events[ev.PurchaseId.String()], ev)
 	}
 	for i, id := range ids {

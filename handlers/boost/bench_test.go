@@ -10,9 +10,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // BenchmarkApply measures Apply alone, one event per transaction as the
@@ -23,7 +23,7 @@ import (
 func BenchmarkApply(b *testing.B) {
 	for _, consumers := range []int{1, 4} {
 		b.Run(fmt.Sprintf("consumers=%d", consumers), func(b *testing.B) {
-			db := testenv.DB(b)
+			db := pgtest.DB(b)
 			ctx := context.Background()
 			type pair struct{ project, object uuid.UUID }
 			var pairs []pair

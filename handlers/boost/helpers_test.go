@@ -10,9 +10,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 type bundle struct {
@@ -22,7 +22,7 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	t.Parallel()
-	return bundle{db: testenv.DB(t)}
+	return bundle{db: pgtest.DB(t)}
 }
 
 // inTx runs fn in a transaction of its own and commits it, as the consumer's

@@ -12,10 +12,11 @@ import (
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // benchRows is how many due purchases each side of the benchmark expires.
@@ -26,14 +27,14 @@ const benchRows = 10_000
 // the same work without Watermill, in the same run on the same database.
 // It reports rows/s of both and their ratio (target: expirer >= 0.6 x raw).
 func BenchmarkExpire(b *testing.B) {
-	db := testenv.DB(b)
+	db := pgtest.DB(b)
 	exp, err := expire.New(db, expire.Config{BatchSize: 200}, slog.New(slog.DiscardHandler))
 	require.NoError(b, err)
 
 	var rawSecs, expSecs float64
 	timeRaw := func() {
 		reset(b, db)
-		testenv.SeedActive(b, db, benchRows, time.Now().Add(-time.Minute))
+		purchasetest.SeedActive(b, db, benchRows, time.Now().Add(-time.Minute))
 		start := time.Now()
 		n := rawExpire(b, db, 200)
 		rawSecs += time.Since(start).Seconds()
@@ -41,7 +42,7 @@ func BenchmarkExpire(b *testing.B) {
 	}
 	timeExpirer := func() {
 		reset(b, db)
-		testenv.SeedActive(b, db, benchRows, time.Now().Add(-time.Minute))
+		purchasetest.SeedActive(b, db, benchRows, time.Now().Add(-time.Minute))
 		start := time.Now()
 		res, err := exp.RunCycle(context.Background())
 		expSecs += time.Since(start).Seconds()

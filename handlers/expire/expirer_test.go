@@ -12,23 +12,25 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 type bundle struct {
 	db   *sqlx.DB
-	logs *testenv.Logs
+	logs *logtest.Logs
 	exp  *expire.Expirer
 }
 
 func setup(t *testing.T, cfg expire.Config) bundle {
 	t.Helper()
 	t.Parallel()
-	db := testenv.DB(t)
-	logs := &testenv.Logs{}
+	db := pgtest.DB(t)
+	logs := &logtest.Logs{}
 	exp, err := expire.New(db, cfg, logs.Logger())
 	require.NoError(t, err)
 	return bundle{db: db, logs: logs, exp: exp}
@@ -37,7 +39,7 @@ func setup(t *testing.T, cfg expire.Config) bundle {
 // eventsByPurchase counts outbox events per purchase and status.
 func eventsByPurchase(t *testing.T, db *sqlx.DB) map[uuid.UUID][]event.PurchaseChanged {
 	out := map[uuid.UUID][]event.PurchaseChanged{}
-	for _, ev := range testenv.OutboxEvents(t, db) {
+	for _, ev := range purchasetest.OutboxEvents(t, db) {
 		out[ev.PurchaseId] = append(out[ev.PurchaseId], ev)
 	}
 	return out
@@ -45,32 +47,32 @@ func eventsByPurchase(t *testing.T, db *sqlx.DB) map[uuid.UUID][]event.PurchaseC
 
 func TestExpirer_EmptyBatchIsNoOp(t *testing.T) {
 	b := setup(t, expire.Config{})
-	future := testenv.SeedActive(t, b.db, 3, time.Now().Add(time.Hour))
+	future := purchasetest.SeedActive(t, b.db, 3, time.Now().Add(time.Hour))
 
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, res.ExpiredCount)
 	require.Zero(t, res.Backlog)
 	require.Equal(t, 1, res.Batches)
-	require.Empty(t, testenv.OutboxEvents(t, b.db))
+	require.Empty(t, purchasetest.OutboxEvents(t, b.db))
 	for _, id := range future {
-		require.Equal(t, testenv.State{Status: event.StatusActive, Version: 1}, testenv.Statuses(t, b.db)[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusActive, Version: 1}, purchasetest.Statuses(t, b.db)[id])
 	}
 }
 
 func TestExpirer_DuePurchaseBecomesExpiredWithOneEvent(t *testing.T) {
 	b := setup(t, expire.Config{})
-	due := testenv.SeedActive(t, b.db, 3, time.Now().Add(-time.Minute))
-	notYet := testenv.SeedActive(t, b.db, 1, time.Now().Add(time.Hour))[0]
+	due := purchasetest.SeedActive(t, b.db, 3, time.Now().Add(-time.Minute))
+	notYet := purchasetest.SeedActive(t, b.db, 1, time.Now().Add(time.Hour))[0]
 
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, res.ExpiredCount)
 
-	states := testenv.Statuses(t, b.db)
+	states := purchasetest.Statuses(t, b.db)
 	events := eventsByPurchase(t, b.db)
 	for _, id := range due {
-		require.Equal(t, testenv.State{Status: event.StatusExpired, Version: 2}, states[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusExpired, Version: 2}, states[id])
 		require.Len(t, events[id], 1)
 		require.Equal(t, event.StatusExpired, events[id][0].Status)
 		require.EqualValues(t, 2, events[id][0].Version)
@@ -91,8 +93,8 @@ func TestExpirer_DuePurchaseBecomesExpiredWithOneEvent(t *testing.T) {
 func TestExpirer_ResultCarriesTheDelayPastEndsAtOfEachExpiredPurchase(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 2})
 	endsAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
-	testenv.SeedActive(t, b.db, 3, endsAt)
-	testenv.SeedActive(t, b.db, 1, time.Now().Add(time.Hour))
+	purchasetest.SeedActive(t, b.db, 3, endsAt)
+	purchasetest.SeedActive(t, b.db, 1, time.Now().Add(time.Hour))
 
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
@@ -105,11 +107,11 @@ func TestExpirer_ResultCarriesTheDelayPastEndsAtOfEachExpiredPurchase(t *testing
 func TestExpirer_PoisonRowIsLeftOutAndDoesNotStarveHealthyRows(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 2})
 	// Poison rows come first in EndsAt order and fill whole batches.
-	poison := testenv.SeedActive(t, b.db, 3, time.Now().Add(-time.Hour))
+	poison := purchasetest.SeedActive(t, b.db, 3, time.Now().Add(-time.Hour))
 	_, err := b.db.Exec(`UPDATE promotion.promotion_purchases SET targets = '{"not":"an array"}' WHERE id = ANY($1::uuid[])`,
 		pqArray(poison))
 	require.NoError(t, err)
-	healthy := testenv.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
+	healthy := purchasetest.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
 
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
@@ -117,7 +119,7 @@ func TestExpirer_PoisonRowIsLeftOutAndDoesNotStarveHealthyRows(t *testing.T) {
 	require.Equal(t, 3, res.PoisonCount)
 	require.Equal(t, 3, res.Backlog, "poison rows stay Active for the next cycle")
 
-	states := testenv.Statuses(t, b.db)
+	states := purchasetest.Statuses(t, b.db)
 	for _, id := range healthy {
 		require.Equal(t, event.StatusExpired, states[id].Status)
 	}
@@ -128,10 +130,10 @@ func TestExpirer_PoisonRowIsLeftOutAndDoesNotStarveHealthyRows(t *testing.T) {
 		logged[f["PurchaseId"]] = true
 	}
 	for _, id := range poison {
-		require.Equal(t, testenv.State{Status: event.StatusActive, Version: 1}, states[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusActive, Version: 1}, states[id])
 		require.True(t, logged[id.String()], "ERROR log names the poison PurchaseId")
 	}
-	require.Len(t, testenv.OutboxEvents(t, b.db), 5)
+	require.Len(t, purchasetest.OutboxEvents(t, b.db), 5)
 
 	next, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
@@ -144,11 +146,11 @@ func TestExpirer_PoisonRowIsLeftOutAndDoesNotStarveHealthyRows(t *testing.T) {
 // poison; the healthy rows of the same batch and behind it commit.
 func TestExpirer_RowWithFailingSQLIsPoisonAndDoesNotStarve(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 4})
-	poison := testenv.SeedActive(t, b.db, 3, time.Now().Add(-time.Hour))
+	poison := purchasetest.SeedActive(t, b.db, 3, time.Now().Add(-time.Hour))
 	_, err := b.db.Exec(`UPDATE promotion.promotion_purchases SET version = 9223372036854775807 WHERE id = ANY($1::uuid[])`,
 		pqArray(poison))
 	require.NoError(t, err)
-	healthy := testenv.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
+	healthy := purchasetest.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
 
 	res, err := b.exp.RunCycle(context.Background())
 
@@ -156,33 +158,33 @@ func TestExpirer_RowWithFailingSQLIsPoisonAndDoesNotStarve(t *testing.T) {
 	require.Equal(t, 5, res.ExpiredCount)
 	require.Equal(t, 3, res.PoisonCount)
 	require.Equal(t, 3, res.Backlog)
-	states := testenv.Statuses(t, b.db)
+	states := purchasetest.Statuses(t, b.db)
 	for _, id := range healthy {
-		require.Equal(t, testenv.State{Status: event.StatusExpired, Version: 2}, states[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusExpired, Version: 2}, states[id])
 	}
 	for _, id := range poison {
-		require.Equal(t, testenv.State{Status: event.StatusActive, Version: 9223372036854775807}, states[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusActive, Version: 9223372036854775807}, states[id])
 	}
 	failed := b.logs.Find(slog.LevelError, "item failed")
 	require.Len(t, failed, 3)
 	for _, f := range failed {
 		require.Contains(t, f["error"], "out of range")
 	}
-	require.Len(t, testenv.OutboxEvents(t, b.db), 5, "no event for a poison row")
+	require.Len(t, purchasetest.OutboxEvents(t, b.db), 5, "no event for a poison row")
 
-	more := testenv.SeedActive(t, b.db, 2, time.Now().Add(-time.Second))
+	more := purchasetest.SeedActive(t, b.db, 2, time.Now().Add(-time.Second))
 	next, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, next.PoisonCount, "poison is tried again next cycle")
 	require.Equal(t, 2, next.ExpiredCount, "and never starves the rows behind it")
 	for _, id := range more {
-		require.Equal(t, event.StatusExpired, testenv.Statuses(t, b.db)[id].Status)
+		require.Equal(t, event.StatusExpired, purchasetest.Statuses(t, b.db)[id].Status)
 	}
 }
 
 func TestExpirer_ParallelInstancesExpireEachPurchaseOnceWithOneEvent(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 50})
-	due := testenv.SeedActive(t, b.db, 2000, time.Now().Add(-time.Minute))
+	due := purchasetest.SeedActive(t, b.db, 2000, time.Now().Add(-time.Minute))
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -210,17 +212,17 @@ func TestExpirer_ParallelInstancesExpireEachPurchaseOnceWithOneEvent(t *testing.
 	wg.Wait()
 	require.Equal(t, len(due), total, "the counts of all instances add up to one per purchase")
 
-	states := testenv.Statuses(t, b.db)
+	states := purchasetest.Statuses(t, b.db)
 	events := eventsByPurchase(t, b.db)
 	for _, id := range due {
-		require.Equal(t, testenv.State{Status: event.StatusExpired, Version: 2}, states[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusExpired, Version: 2}, states[id])
 		require.Len(t, events[id], 1, "exactly one event for %s", id)
 	}
 }
 
 func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 20})
-	due := testenv.SeedActive(t, b.db, 300, time.Now().Add(-time.Minute))
+	due := purchasetest.SeedActive(t, b.db, 300, time.Now().Add(-time.Minute))
 	var tenant uuid.UUID
 	require.NoError(t, b.db.Get(&tenant, `SELECT tenant_id FROM promotion.promotion_purchases LIMIT 1`))
 	svc := &purchase.Service{DB: b.db}
@@ -258,7 +260,7 @@ func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) 
 		wonByCancel[id] = true
 	}
 
-	states := testenv.Statuses(t, b.db)
+	states := purchasetest.Statuses(t, b.db)
 	events := eventsByPurchase(t, b.db)
 	for _, id := range due {
 		st := states[id]
@@ -272,7 +274,7 @@ func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) 
 
 func TestExpirer_RowHeldByCancelIsSkippedLocked(t *testing.T) {
 	b := setup(t, expire.Config{})
-	ids := testenv.SeedActive(t, b.db, 2, time.Now().Add(-time.Minute))
+	ids := purchasetest.SeedActive(t, b.db, 2, time.Now().Add(-time.Minute))
 	var tenant uuid.UUID
 	require.NoError(t, b.db.Get(&tenant, `SELECT tenant_id FROM promotion.promotion_purchases LIMIT 1`))
 
@@ -294,12 +296,12 @@ func TestExpirer_RowHeldByCancelIsSkippedLocked(t *testing.T) {
 	res, err = b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, res.ExpiredCount, "the cancelled purchase is out of the selection")
-	require.Equal(t, event.StatusCancelled, testenv.Statuses(t, b.db)[ids[0]].Status)
+	require.Equal(t, event.StatusCancelled, purchasetest.Statuses(t, b.db)[ids[0]].Status)
 }
 
 func TestExpirer_CancellationMidCycleCommitsOrRollsBackWholeBatches(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 100})
-	due := testenv.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))
+	due := purchasetest.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan expire.Result, 1)
@@ -317,7 +319,7 @@ func TestExpirer_CancellationMidCycleCommitsOrRollsBackWholeBatches(t *testing.T
 	res := <-done
 	require.True(t, res.Interrupted, "the cycle stopped before draining 5000 rows")
 
-	states := testenv.Statuses(t, b.db)
+	states := purchasetest.Statuses(t, b.db)
 	events := eventsByPurchase(t, b.db)
 	expired := 0
 	for _, id := range due {
@@ -345,7 +347,7 @@ func TestExpirer_CancellationMidCycleCommitsOrRollsBackWholeBatches(t *testing.T
 
 func TestExpirer_InfrastructureErrorRollsBackTheBatch(t *testing.T) {
 	b := setup(t, expire.Config{})
-	due := testenv.SeedActive(t, b.db, 10, time.Now().Add(-time.Minute))
+	due := purchasetest.SeedActive(t, b.db, 10, time.Now().Add(-time.Minute))
 
 	// The outbox write fails: the transitions of the batch must not stay.
 	_, err := b.db.Exec(`ALTER TABLE promotion.outbox_messages RENAME TO outbox_messages_away`)
@@ -353,7 +355,7 @@ func TestExpirer_InfrastructureErrorRollsBackTheBatch(t *testing.T) {
 	_, err = b.exp.RunCycle(context.Background())
 	require.Error(t, err)
 	for _, id := range due {
-		require.Equal(t, testenv.State{Status: event.StatusActive, Version: 1}, testenv.Statuses(t, b.db)[id])
+		require.Equal(t, purchasetest.State{Status: event.StatusActive, Version: 1}, purchasetest.Statuses(t, b.db)[id])
 	}
 
 	_, err = b.db.Exec(`ALTER TABLE promotion.outbox_messages_away RENAME TO outbox_messages`)
@@ -361,12 +363,12 @@ func TestExpirer_InfrastructureErrorRollsBackTheBatch(t *testing.T) {
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 10, res.ExpiredCount, "the next cycle retries the same rows")
-	require.Len(t, testenv.OutboxEvents(t, b.db), 10)
+	require.Len(t, purchasetest.OutboxEvents(t, b.db), 10)
 }
 
 func TestExpirer_DrainsBacklogInBatchesWithinOneCycle(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 200})
-	testenv.SeedActive(t, b.db, 1000, time.Now().Add(-time.Minute))
+	purchasetest.SeedActive(t, b.db, 1000, time.Now().Add(-time.Minute))
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1000, res.ExpiredCount)
@@ -376,7 +378,7 @@ func TestExpirer_DrainsBacklogInBatchesWithinOneCycle(t *testing.T) {
 
 func TestExpirer_MaxDurationEndsTheCycle(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 1, MaxDuration: time.Nanosecond})
-	testenv.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
+	purchasetest.SeedActive(t, b.db, 5, time.Now().Add(-time.Minute))
 	res, err := b.exp.RunCycle(context.Background())
 	require.NoError(t, err)
 	require.LessOrEqual(t, res.Batches, 1)

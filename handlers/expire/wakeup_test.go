@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 )
 
 // runWakeup runs w until the test ends.
@@ -28,11 +28,11 @@ func TestWakeup_SignalsAtEachEndsAtOnTheExpirersClock(t *testing.T) {
 	b := setup(t, expire.Config{WakeupPoll: 50 * time.Millisecond})
 	const skew = time.Hour
 	b.exp.Now = func() time.Time { return time.Now().Add(skew) }
-	testenv.SeedActive(t, b.db, 1, time.Now().Add(skew-time.Minute)) // due at start: the first tick's
+	purchasetest.SeedActive(t, b.db, 1, time.Now().Add(skew-time.Minute)) // due at start: the first tick's
 	first := time.Now().Add(skew + 300*time.Millisecond).Truncate(time.Microsecond)
 	second := first.Add(300 * time.Millisecond)
-	testenv.SeedActive(t, b.db, 2, first)
-	testenv.SeedActive(t, b.db, 1, second)
+	purchasetest.SeedActive(t, b.db, 2, first)
+	purchasetest.SeedActive(t, b.db, 1, second)
 	w := expire.NewWakeup(b.exp)
 	runWakeup(t, w)
 
@@ -48,7 +48,7 @@ func TestWakeup_SignalsAtEachEndsAtOnTheExpirersClock(t *testing.T) {
 
 func TestWakeup_DisabledLeavesCyclesToTheTicker(t *testing.T) {
 	b := setup(t, expire.Config{DisableWakeup: true})
-	testenv.SeedActive(t, b.db, 1, time.Now().Add(100*time.Millisecond))
+	purchasetest.SeedActive(t, b.db, 1, time.Now().Add(100*time.Millisecond))
 	w := expire.NewWakeup(b.exp)
 	done := runWakeup(t, w)
 	require.Eventually(t, func() bool {

@@ -6,8 +6,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 func TestUnpack_MessageWithoutEventsKeyIsOneEvent(t *testing.T) {
@@ -20,11 +22,11 @@ func TestUnpack_MessageWithoutEventsKeyIsOneEvent(t *testing.T) {
 
 func TestPublishTx_OneRowPerTransactionThatUnpacksToItsEventsInOrder(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
+	db := pgtest.DB(t)
 	msgs := make([]*message.Message, outbox.MaxEventsPerRow+3)
 	for i := range msgs {
-		msgs[i] = message.NewMessage(testenv.RandomSuffix(), []byte(`{"n":1}`))
-		msgs[i].Metadata.Set("aggregate_id", testenv.RandomSuffix())
+		msgs[i] = message.NewMessage(kafkatest.RandomSuffix(), []byte(`{"n":1}`))
+		msgs[i].Metadata.Set("aggregate_id", kafkatest.RandomSuffix())
 	}
 	tx := db.MustBegin()
 	require.NoError(t, outbox.PublishTx(tx, "dest", msgs...))
@@ -40,7 +42,7 @@ func TestPublishTx_OneRowPerTransactionThatUnpacksToItsEventsInOrder(t *testing.
 	require.JSONEq(t, `{"outbox_events":"500"}`, string(rows[0].Metadata))
 	require.JSONEq(t, `{"outbox_events":"3"}`, string(rows[1].Metadata))
 
-	got := testenv.OutboxMessages(t, db)
+	got := purchasetest.OutboxMessages(t, db)
 	require.Len(t, got, len(msgs))
 	for i, m := range msgs {
 		require.Equal(t, m.UUID, got[i].UUID)

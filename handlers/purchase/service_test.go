@@ -8,13 +8,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 func TestIdempotencyKeys_ExpireAfterRetention(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
+	db := pgtest.DB(t)
 	svc := &purchase.Service{DB: db, IdempotencyRetention: time.Hour}
 	ctx := context.Background()
 	tenant := uuid.New()

@@ -20,11 +20,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // Bundle is one catalog under test.
@@ -42,12 +43,12 @@ type Bundle struct {
 func New(t testing.TB, enabled bool) *Bundle {
 	t.Helper()
 	b := &Bundle{
-		DB: testenv.DB(t),
+		DB: pgtest.DB(t),
 		Cfg: router.CatalogConfig{
-			Brokers: testenv.Brokers(t), Enabled: enabled,
-			Topic:       testenv.TopicWith(t, kafkakit.Topic{Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact}),
-			ReplayTopic: testenv.Topic(t, 1), DLQTopic: testenv.Topic(t, 1),
-			ConsumerGroup: "pf-test-catalog-" + testenv.RandomSuffix(),
+			Brokers: kafkatest.Brokers(t), Enabled: enabled,
+			Topic:       kafkatest.TopicWith(t, kafkakit.Topic{Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact}),
+			ReplayTopic: kafkatest.Topic(t, 1), DLQTopic: kafkatest.Topic(t, 1),
+			ConsumerGroup: "pf-test-catalog-" + kafkatest.RandomSuffix(),
 			RetryInitial:  10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		},
 	}
@@ -190,7 +191,7 @@ func TopicSize(t testing.TB, topic string) int64 {
 // PartitionSizes maps every partition of topic to its high-water mark.
 func PartitionSizes(t testing.TB, topic string) map[int32]int64 {
 	t.Helper()
-	client, err := sarama.NewClient(testenv.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	client, err := sarama.NewClient(kafkatest.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer client.Close()
 	parts, err := client.Partitions(topic)

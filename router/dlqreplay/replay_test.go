@@ -11,12 +11,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/dlqreplay"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
 type bundle struct {
@@ -29,7 +29,7 @@ func setup(t *testing.T) *bundle {
 	t.Parallel()
 	b := &bundle{Bundle: catalogtest.New(t, true)}
 	b.cfg = dlqreplay.Config{Brokers: b.Cfg.Brokers, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
-		SourceTopic: b.Cfg.Topic, Group: "pf-test-replay-" + testenv.RandomSuffix(), Log: slog.New(slog.DiscardHandler)}
+		SourceTopic: b.Cfg.Topic, Group: "pf-test-replay-" + kafkatest.RandomSuffix(), Log: slog.New(slog.DiscardHandler)}
 	return b
 }
 
@@ -64,7 +64,7 @@ func (b *bundle) dlqSize(t *testing.T) int64 { return catalogtest.TopicSize(t, b
 // produceKeyed writes a raw record with a key of its own and extra headers.
 func produceKeyed(t *testing.T, topic, key string, value []byte, headers map[string]string) {
 	t.Helper()
-	p, err := sarama.NewSyncProducer(testenv.Brokers(t), kafkakit.DurableProducerConfig("test"))
+	p, err := sarama.NewSyncProducer(kafkatest.Brokers(t), kafkakit.DurableProducerConfig("test"))
 	require.NoError(t, err)
 	defer p.Close()
 	msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.ByteEncoder(value)}
@@ -160,9 +160,9 @@ func TestDLQReplay_ParksRecordsPastMaxReplays(t *testing.T) {
 	require.EqualValues(t, 2, res.Parked)
 	require.EqualValues(t, 1, res.Replayed)
 	b.WaitBoost(t, event.TargetProject, project, 10)
-	replayed := testenv.ReadTopic(t, b.Cfg.ReplayTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })
+	replayed := kafkatest.ReadTopic(t, b.Cfg.ReplayTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })
 	require.Len(t, replayed, 1)
-	require.Equal(t, "2", testenv.Header(replayed[0], middleware.HeaderDLQReplayCount))
+	require.Equal(t, "2", kafkatest.Header(replayed[0], middleware.HeaderDLQReplayCount))
 	require.EqualValues(t, 3, b.dlqSize(t), "parked records stay in the DLQ")
 	require.Zero(t, run(t, b.cfg).Read, "and the group has moved past them")
 }
@@ -174,26 +174,26 @@ func TestDLQ_KeepsKeyAndHeaders(t *testing.T) {
 	produceKeyed(t, b.Cfg.Topic, "k1", []byte(`{"Version":0}`), map[string]string{
 		"_watermill_message_uuid": id, "x-custom": "kept", event.HeaderCorrelationID: "corr-1"})
 
-	dead := testenv.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })[0]
+	dead := kafkatest.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })[0]
 	require.Equal(t, "k1", string(dead.Key), "the dead letter keeps the record key")
-	require.Equal(t, id, testenv.Header(dead, "_watermill_message_uuid"))
-	require.Equal(t, "kept", testenv.Header(dead, "x-custom"))
-	require.Equal(t, "corr-1", testenv.Header(dead, event.HeaderCorrelationID))
-	require.Equal(t, middleware.CodeContractViolation, testenv.Header(dead, middleware.HeaderDLQErrorCode))
+	require.Equal(t, id, kafkatest.Header(dead, "_watermill_message_uuid"))
+	require.Equal(t, "kept", kafkatest.Header(dead, "x-custom"))
+	require.Equal(t, "corr-1", kafkatest.Header(dead, event.HeaderCorrelationID))
+	require.Equal(t, middleware.CodeContractViolation, kafkatest.Header(dead, middleware.HeaderDLQErrorCode))
 
 	require.EqualValues(t, 1, run(t, b.cfg).Replayed)
-	replayed := testenv.ReadTopic(t, b.Cfg.ReplayTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })[0]
+	replayed := kafkatest.ReadTopic(t, b.Cfg.ReplayTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 1 })[0]
 	require.Equal(t, "k1", string(replayed.Key), "the replay keeps the key")
-	require.Equal(t, "kept", testenv.Header(replayed, "x-custom"))
-	require.Equal(t, id, testenv.Header(replayed, "_watermill_message_uuid"))
-	require.Equal(t, "1", testenv.Header(replayed, middleware.HeaderDLQReplayCount))
+	require.Equal(t, "kept", kafkatest.Header(replayed, "x-custom"))
+	require.Equal(t, id, kafkatest.Header(replayed, "_watermill_message_uuid"))
+	require.Equal(t, "1", kafkatest.Header(replayed, middleware.HeaderDLQReplayCount))
 
 	// Dead-lettered again from the replay topic: still the key, and the count.
-	again := testenv.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
+	again := kafkatest.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
 	last := again[len(again)-1]
 	require.Equal(t, "k1", string(last.Key))
-	require.Equal(t, b.Cfg.ReplayTopic, testenv.Header(last, middleware.HeaderSourceTopic))
-	require.Equal(t, "1", testenv.Header(last, middleware.HeaderDLQReplayCount))
+	require.Equal(t, b.Cfg.ReplayTopic, kafkatest.Header(last, middleware.HeaderSourceTopic))
+	require.Equal(t, "1", kafkatest.Header(last, middleware.HeaderDLQReplayCount))
 }
 
 func TestDLQReplay_RefusesSourceTopicAsReplayTopic(t *testing.T) {

@@ -10,10 +10,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/app/testenv"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
 
@@ -156,7 +156,7 @@ func TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState(t *testing.T) {
 
 func TestRebuild_RefusesTruncatedUncompactedTopic(t *testing.T) {
 	b := setup(t)
-	b.Cfg.Topic = testenv.Topic(t, 1) // delete policy, as the broker's default
+	b.Cfg.Topic = kafkatest.Topic(t, 1) // delete policy, as the broker's default
 	project := uuid.New()
 	b.ProjectCard(t, project)
 	b.Start(t)
@@ -181,7 +181,7 @@ func TestRebuild_OffsetOutOfRangeIsAnErrorNotAPanic(t *testing.T) {
 	b := setup(t)
 	// Kafka allows DeleteRecords on a delete-policy topic only; the check
 	// passes while its earliest offset is still 0.
-	b.Cfg.Topic = testenv.Topic(t, 1)
+	b.Cfg.Topic = kafkatest.Topic(t, 1)
 	project := uuid.New()
 	b.ProjectCard(t, project)
 	b.Start(t)
@@ -241,7 +241,7 @@ func TestRebuild_SecondRebuildWhileOneRunsIsRefused(t *testing.T) {
 // deleteRecords removes the records of partition below offset, as retention would.
 func deleteRecords(t *testing.T, topic string, partition int32, below int64) {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(testenv.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.DeleteRecords(topic, map[int32]int64{partition: below}))

@@ -1,4 +1,5 @@
-package testenv
+// Package purchasetest seeds purchases and reads the promotion outbox for tests.
+package purchasetest
 
 import (
 	"encoding/json"

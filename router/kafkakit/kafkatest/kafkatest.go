@@ -1,25 +1,20 @@
-// Package testenv gives tests their own database and Kafka topics on the real
-// PostgreSQL and Kafka named by DATABASE_URL and KAFKA_BROKERS (scripts/test.sh
-// starts both). Nothing here fakes either.
-package testenv
+// Package kafkatest gives each test Kafka topics of its own on the real
+// broker named by KAFKA_BROKERS (scripts/test.sh starts it), and reads them.
+// Nothing here fakes Kafka.
+package kafkatest
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jmoiron/sqlx"
-	_ "github.com/lib/pq" // PostgreSQL driver
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/router/kafkakit"
-	"github.com/promoflow/promoflow/sqlmigrate"
 )
 
 func mustEnv(t testing.TB, name string) string {
@@ -36,48 +31,6 @@ func RandomSuffix() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// DatabaseURL creates an empty database for the test, dropped at cleanup, and
-// returns its URL.
-func DatabaseURL(t testing.TB) string {
-	t.Helper()
-	base := mustEnv(t, "DATABASE_URL")
-	admin, err := sqlx.Open("postgres", base)
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close() })
-
-	name := "pf_test_" + RandomSuffix()
-	_, err = admin.Exec(`CREATE DATABASE ` + name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
-	})
-	u, err := url.Parse(base)
-	require.NoError(t, err)
-	u.Path = "/" + name
-	return u.String()
-}
-
-// DB is a migrated database of the test's own.
-func DB(t testing.TB) *sqlx.DB {
-	t.Helper()
-	return Open(t, DatabaseURL(t))
-}
-
-// Open is a handle of its own on the database at url, migrated: a second
-// Open of one url is another process's view of the same database.
-func Open(t testing.TB, url string) *sqlx.DB {
-	t.Helper()
-	db, err := sqlx.Open("postgres", url)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(40)
-	t.Cleanup(func() { db.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = sqlmigrate.Up(ctx, db.DB)
-	require.NoError(t, err)
-	return db
 }
 
 // Brokers are the Kafka bootstrap servers.

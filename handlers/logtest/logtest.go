@@ -1,4 +1,5 @@
-package testenv
+// Package logtest captures slog records so that tests can assert what was logged.
+package logtest
 
 import (
 	"context"

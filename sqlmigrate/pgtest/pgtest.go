@@ -1,0 +1,78 @@
+// Package pgtest gives each test a migrated PostgreSQL database of its own on
+// the real server named by DATABASE_URL (scripts/test.sh starts it). Nothing
+// here fakes PostgreSQL.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // PostgreSQL driver
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/sqlmigrate"
+)
+
+func mustEnv(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("$%s is not set: run the tests with scripts/test.sh, which starts PostgreSQL and Kafka", name)
+	}
+	return v
+}
+
+// RandomSuffix is a short random hex string for names.
+func RandomSuffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// DatabaseURL creates an empty database for the test, dropped at cleanup, and
+// returns its URL.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	base := mustEnv(t, "DATABASE_URL")
+	admin, err := sqlx.Open("postgres", base)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close() })
+
+	name := "pf_test_" + RandomSuffix()
+	_, err = admin.Exec(`CREATE DATABASE ` + name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
+	})
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
+}
+
+// DB is a migrated database of the test's own.
+func DB(t testing.TB) *sqlx.DB {
+	t.Helper()
+	return Open(t, DatabaseURL(t))
+}
+
+// Open is a handle of its own on the database at url, migrated: a second
+// Open of one url is another process's view of the same database.
+func Open(t testing.TB, url string) *sqlx.DB {
+	t.Helper()
+	db, err := sqlx.Open("postgres", url)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(40)
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = sqlmigrate.Up(ctx, db.DB)
+	require.NoError(t, err)
+	return db
+}
