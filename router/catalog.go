@@ -8,16 +8,14 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
-	"github.com/promoflow/promoflow/router/audit"
 	"github.com/promoflow/promoflow/router/dlqreplay"
 	"github.com/promoflow/promoflow/router/kafkakit"
 )
@@ -25,9 +23,16 @@ import (
 // CatalogConsumerGroup is the Promotion Boost consumer's group.
 const CatalogConsumerGroup = "pin-catalog-promotion-boost"
 
+// Defaults of CatalogConfig.
+const (
+	DedupRetentionDefault  = 7 * 24 * time.Hour
+	JanitorIntervalDefault = time.Hour
+	AuditIntervalDefault   = 5 * time.Minute
+)
+
 // CatalogConfig wires the catalog router.
 type CatalogConfig struct {
-	// Brokers are the Kafka bootstrap servers.
+	// Brokers are the Kafka bootstrap servers. Required.
 	Brokers []string
 	// Enabled is the feature flag catalog.promotions.enabled: when false the
 	// router subscribes to nothing and the topic keeps the events.
@@ -40,7 +45,8 @@ type CatalogConfig struct {
 	DLQTopic string
 	// ConsumerGroup defaults to CatalogConsumerGroup.
 	ConsumerGroup string
-	// RetryInitial and RetryMax bound the infrastructure backoff. Default 1s and 60s.
+	// RetryInitial and RetryMax bound the infrastructure backoff. Default 1s
+	// and 60s (middleware.RetryInitialIntervalDefault, RetryMaxIntervalDefault).
 	RetryInitial, RetryMax time.Duration
 	// DedupRetention is how long dedup keys are kept. Defaults to 7 days.
 	DedupRetention time.Duration
@@ -58,49 +64,43 @@ func (c *CatalogConfig) setDefaults() {
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
 	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
 	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
-	c.DedupRetention = cmp.Or(c.DedupRetention, 7*24*time.Hour)
-	c.JanitorInterval = cmp.Or(c.JanitorInterval, time.Hour)
-	c.AuditInterval = cmp.Or(c.AuditInterval, 5*time.Minute)
+	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, JanitorIntervalDefault)
+	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
 }
 
-// Validate reports every missing setting.
+// Validate reports every missing or out-of-range setting.
 func (c CatalogConfig) Validate() error {
+	var errs []error
 	if len(c.Brokers) == 0 {
-		return errors.New("kafka brokers are required")
+		errs = append(errs, errors.New("kafka brokers are required"))
 	}
-	return nil
-}
-
-// CatalogChain is the consumer chain without the poison queue, for a
-// projection rebuild run outside a catalog process: retry → contract version →
-// unit of work → dedup → handler. The returned close releases its prepared
-// statements.
-func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, func() error, error) {
-	cfg.setDefaults()
-	inner, err := innerChain(db, m, log, cfg, nil)
-	if err != nil {
-		return nil, nil, err
+	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
+		errs = append(errs, errors.New("retry intervals must be positive with max >= initial"))
 	}
-	applier, err := boost.Prepare(context.Background(), db)
-	if err != nil {
-		return nil, nil, err
+	if c.DedupRetention <= 0 || c.JanitorInterval <= 0 || c.AuditInterval <= 0 {
+		errs = append(errs, errors.New("dedup retention, janitor and audit intervals must be positive"))
 	}
-	return chain(consume(m, log, applier), inner...), applier.Close, nil
+	if c.ReplayTopic == c.Topic || c.DLQTopic == c.Topic || c.ReplayTopic == c.DLQTopic {
+		errs = append(errs, errors.New("the purchase, replay and DLQ topics must differ"))
+	}
+	return errors.Join(errs...)
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion
 // Boost consumer on the purchase-changed topic and on the replay topic.
 type Catalog struct {
 	Router *message.Router
-	// Chain is the consumer chain without the poison queue, for the rebuild.
+	// Chain is the consumer chain without its poison queue, for the rebuild.
 	Chain   message.HandlerFunc
 	closers []func() error
 	tickers []*tickSource
 	enabled bool
 }
 
-// NewCatalog builds the router. The chain, outermost first:
-// poison queue → retry → contract version → unit of work → dedup → handler.
+// NewCatalog builds the router: the consumer chain (middleware/doc.go says
+// why each step sits where it does), its two subscriptions, and the dedup
+// janitor and boost audit ticks.
 func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (*Catalog, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -111,9 +111,8 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		return nil, err
 	}
 	c := &Catalog{Router: r, enabled: cfg.Enabled}
-
 	claims := middleware.NewClaims()
-	inner, err := innerChain(db, m, log, cfg, claims)
+	mw, err := newCatalogMiddlewares(db, m, log, cfg, claims)
 	if err != nil {
 		return nil, err
 	}
@@ -123,21 +122,15 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	}
 	c.closers = append(c.closers, applier.Close)
 	handle := consume(m, log, applier)
-	c.Chain = chain(handle, inner...)
+
+	c.Chain = chain(handle, mw.retry, mw.contractVersion, mw.process, mw.unitOfWork, mw.dedup, mw.store)
 	if !cfg.Enabled {
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
 	}
-
-	// A dead letter keeps its record's key, so the dead letters of one
-	// purchase share a partition and a replay keeps their order.
-	dlq, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               cfg.Brokers,
-		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-catalog-dlq"),
-	}, wlog)
+	dlq, err := newDLQPublisher(cfg.Brokers, wlog)
 	if err != nil {
-		return nil, fmt.Errorf("dlq publisher: %w", err)
+		return nil, err
 	}
 	c.closers = append(c.closers, dlq.Close)
 	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{
@@ -147,7 +140,17 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	if err != nil {
 		return nil, err
 	}
-
+	consumerChain := []message.HandlerMiddleware{
+		middleware.Span("catalog.promotion.receive", trace.SpanKindConsumer),
+		m.lag.Middleware,
+		poison,
+		mw.retry,
+		mw.contractVersion,
+		mw.process,
+		mw.unitOfWork,
+		mw.dedup,
+		mw.store,
+	}
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
 	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + "-replay"} {
@@ -155,44 +158,20 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		if err != nil {
 			return nil, err
 		}
-		h := r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle)
-		h.AddMiddleware(append([]message.HandlerMiddleware{traceReceive, m.lag.middleware, poison}, inner...)...)
+		r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle).AddMiddleware(consumerChain...)
 	}
-
-	janitor := newTickSource("catalog.dedup-janitor.tick", cfg.JanitorInterval, wlog)
-	r.AddConsumerHandler("dedup_janitor", janitor.topic, janitor.pubsub, func(msg *message.Message) error {
-		n, err := middleware.CleanupDedupKeys(msg.Context(), db, cfg.DedupRetention)
-		if err != nil {
-			log.Warn("dedup key cleanup failed", "error", err.Error())
-			return nil
-		}
-		m.DedupCleaned.Add(float64(n))
-		return nil
-	})
-	auditor, err := audit.New(audit.Config{DB: db, Log: log})
-	if err != nil {
+	if err := c.addJobs(db, m, log, cfg, wlog); err != nil {
 		return nil, err
 	}
-	audits := newTickSource("catalog.audit.tick", cfg.AuditInterval, wlog)
-	r.AddConsumerHandler("boost_audit", audits.topic, audits.pubsub, func(msg *message.Message) error {
-		rep, err := auditor.Cards(msg.Context())
-		if err != nil {
-			log.Warn("card audit failed", "error", err.Error())
-			return nil
-		}
-		m.DriftCards.Set(float64(rep.Drifted))
-		if rep.Drifted > 0 {
-			log.Warn("card boosts drifted from the replica", "drifted", rep.Drifted, "checked", rep.Checked,
-				"samples", rep.Samples, "fix", "promoflow audit --repair")
-		}
-		return nil
-	})
-	c.tickers = append(c.tickers, janitor, audits)
 	return c, nil
 }
 
-// innerChain is retry → contract version → unit of work → dedup.
-func innerChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims) ([]message.HandlerMiddleware, error) {
+// catalogMiddlewares are the consumer's steps that need configuring.
+type catalogMiddlewares struct {
+	retry, contractVersion, process, unitOfWork, dedup, store message.HandlerMiddleware
+}
+
+func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims) (catalogMiddlewares, error) {
 	retry, err := middleware.Retry(middleware.RetryConfig{
 		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
 		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
@@ -200,21 +179,55 @@ func innerChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		Session: claims.Session,
 	})
 	if err != nil {
-		return nil, err
+		return catalogMiddlewares{}, err
 	}
 	dedup, err := middleware.Dedup(middleware.DedupConfig{
 		Logger:      log,
-		OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues("duplicate").Inc() },
+		OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
 	})
 	if err != nil {
-		return nil, err
+		return catalogMiddlewares{}, err
 	}
-	return []message.HandlerMiddleware{
-		retry,
-		middleware.ContractVersion(event.ContractVersion, m.ContractMismatch, log),
-		middleware.UnitOfWork(db),
-		dedup,
+	return catalogMiddlewares{
+		retry:           retry,
+		contractVersion: middleware.ContractVersion(event.ContractVersion, m.ContractMismatch, log),
+		process:         middleware.Span("catalog.promotion.process", trace.SpanKindInternal),
+		unitOfWork:      middleware.UnitOfWork(db),
+		dedup:           dedup,
+		store:           middleware.Span("catalog.promotion.store", trace.SpanKindInternal),
 	}, nil
+}
+
+// CatalogChain is the consumer chain without the poison queue, for a
+// projection rebuild run outside a catalog process: retry → contract version →
+// unit of work → dedup → handler. The returned close releases its prepared
+// statements.
+func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, func() error, error) {
+	cfg.setDefaults()
+	mw, err := newCatalogMiddlewares(db, m, log, cfg, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	applier, err := boost.Prepare(context.Background(), db)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := chain(consume(m, log, applier), mw.retry, mw.contractVersion, mw.process, mw.unitOfWork, mw.dedup, mw.store)
+	return h, applier.Close, nil
+}
+
+// newDLQPublisher writes dead letters under their record's key, so that the
+// dead letters of one purchase share a partition and a replay keeps their order.
+func newDLQPublisher(brokers []string, wlog watermillLogger) (*kafka.Publisher, error) {
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               brokers,
+		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
+		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-catalog-dlq"),
+	}, wlog)
+	if err != nil {
+		return nil, fmt.Errorf("dlq publisher: %w", err)
+	}
+	return pub, nil
 }
 
 // chain applies middlewares to h, the first outermost, as the router does.
@@ -224,24 +237,6 @@ func chain(h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) mes
 		out = mws[i](out)
 	}
 	return out
-}
-
-// NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
-// starts from the earliest offset when the group has none. tracer may be nil.
-func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermill.LoggerAdapter, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
-	sc := kafkakit.ClientConfig("promoflow-" + group)
-	sc.Consumer.Return.Errors = true
-	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
-		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
-		NackResendSleep: time.Second,
-		Tracer:          tracer,
-	}, wlog)
-	if err != nil {
-		return nil, fmt.Errorf("kafka subscriber %s: %w", group, err)
-	}
-	return sub, nil
 }
 
 // Ready reports whether the consumer runs (or is switched off by the flag).

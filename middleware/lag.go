@@ -1,4 +1,4 @@
-package router
+package middleware
 
 import (
 	"sync"
@@ -8,11 +8,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// lagTracker measures consumer lag as the age of records: the oldest one in
-// flight (so lag grows while a record waits on infrastructure retries), or the
-// last one finished if that was less than recentWindow ago (so a steady
-// backlog shows between records). An idle consumer has no lag.
-type lagTracker struct {
+// Lag measures consumer lag as the age of records: the oldest one in flight
+// (so lag grows while a record waits on infrastructure retries), or the last
+// one finished if that was less than recentWindow ago (so a steady backlog
+// shows between records). An idle consumer has no lag. Its Middleware goes
+// outermost in the chain, so that a record counts from arrival to ack.
+type Lag struct {
 	mu       sync.Mutex
 	inflight map[*message.Message]time.Time
 	lastLag  time.Duration
@@ -24,13 +25,14 @@ type lagTracker struct {
 
 const recentWindow = 5 * time.Second
 
-func newLagTracker() *lagTracker {
-	return &lagTracker{inflight: map[*message.Message]time.Time{}, now: time.Now,
+// NewLag returns a Lag reading Kafka record timestamps.
+func NewLag() *Lag {
+	return &Lag{inflight: map[*message.Message]time.Time{}, now: time.Now,
 		stamp: func(msg *message.Message) (time.Time, bool) { return kafka.MessageTimestampFromCtx(msg.Context()) }}
 }
 
-// middleware tracks each record from arrival to ack, outermost in the chain.
-func (l *lagTracker) middleware(h message.HandlerFunc) message.HandlerFunc {
+// Middleware tracks each record from arrival to ack.
+func (l *Lag) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ts, ok := l.stamp(msg)
 		if !ok {
@@ -50,8 +52,8 @@ func (l *lagTracker) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// seconds is the current lag.
-func (l *lagTracker) seconds() float64 {
+// Seconds is the current lag (catalog_promotion_lag_seconds).
+func (l *Lag) Seconds() float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
