@@ -3,6 +3,8 @@ package expire
 import (
 	"context"
 	"time"
+
+	"github.com/promoflow/promoflow/handlers/purchase"
 )
 
 // Wakeup brings the expirer's next cycle forward to the earliest upcoming
@@ -56,7 +58,7 @@ func (w *Wakeup) Run(ctx context.Context) {
 	timer := time.NewTimer(poll)
 	defer timer.Stop()
 	for {
-		next, found, err := w.exp.nextDue(ctx, after)
+		next, found, err := purchase.NextDueAfter(ctx, w.exp.db, after)
 		wait := poll
 		if err != nil {
 			if ctx.Err() != nil {

@@ -1,0 +1,97 @@
+package expire
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/promoflow/promoflow/handlers/purchase"
+)
+
+// RunCycle takes batches until the backlog is drained or MaxDuration is spent.
+// An infrastructure error rolls back the batch under way and ends the cycle
+// (batches committed before it stay); the next cycle retries. A cancelled ctx
+// stops the cycle between batches and is not an error.
+func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
+	start := time.Now()
+	res = Result{RunID: uuid.NewString(), AsOf: e.Now().UTC().Truncate(time.Microsecond)}
+	// The run id is the correlation id of the cycle span and of every event
+	// the cycle emits, so a trace joins them.
+	ctx, span := tracer.Start(ctx, "promotion.expire.cycle", trace.WithAttributes(
+		attribute.String("correlation_id", res.RunID), attribute.String("as_of", res.AsOf.Format(time.RFC3339Nano))))
+	defer func() {
+		span.SetAttributes(attribute.Int("expired_count", res.ExpiredCount), attribute.Int("poison_count", res.PoisonCount),
+			attribute.Int("skipped_locked_count", res.SkippedLockedCount), attribute.Int("batches", res.Batches))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+	log := e.log.With("runId", res.RunID)
+	log.Info("cycle started", "AsOf", res.AsOf)
+
+	poison := map[uuid.UUID]bool{}
+	drained := false
+	for time.Since(start) < e.cfg.MaxDuration {
+		if ctx.Err() != nil {
+			res.Interrupted = true
+			break
+		}
+		b, err := e.batch(ctx, log, res, poison)
+		if err != nil {
+			res.Duration = time.Since(start)
+			return res, err
+		}
+		res.Batches++
+		res.ExpiredCount += b.expired
+		res.PoisonCount += b.poison
+		res.Delays = append(res.Delays, b.delays...)
+		if b.selected < e.cfg.BatchSize {
+			drained = true
+			break
+		}
+	}
+
+	if !res.Interrupted {
+		// A shutdown that lands here must not turn the finished cycle into an error.
+		countCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.BatchTimeout)
+		defer cancel()
+		if err := e.countLeft(countCtx, &res, poison, drained); err != nil {
+			res.Duration = time.Since(start)
+			return res, err
+		}
+	}
+	res.Duration = time.Since(start)
+	log.Info("cycle completed", "ExpiredCount", res.ExpiredCount, "PoisonCount", res.PoisonCount,
+		"SkippedLockedCount", res.SkippedLockedCount, "Backlog", res.Backlog, "Batches", res.Batches,
+		"DurationMs", res.Duration.Milliseconds(), "Interrupted", res.Interrupted)
+	return res, nil
+}
+
+// countLeft sets Backlog and, when the cycle drained every row it could lock,
+// SkippedLockedCount: the due rows still Active that are not poison are held
+// by another instance or an in-flight cancel.
+func (e *Expirer) countLeft(ctx context.Context, res *Result, poison map[uuid.UUID]bool, drained bool) error {
+	all, healthy, err := purchase.CountDue(ctx, e.db, res.AsOf, keys(poison))
+	if err != nil {
+		return err
+	}
+	res.Backlog = all
+	if drained {
+		res.SkippedLockedCount = healthy
+	}
+	return nil
+}
+
+func keys(m map[uuid.UUID]bool) []uuid.UUID {
+	out := make([]uuid.UUID, 0, len(m))
+	for id := range m {
+		out = append(out, id)
+	}
+	return out
+}
