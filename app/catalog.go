@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"time"
 
 	"github.com/promoflow/promoflow/app/api"
 	"github.com/promoflow/promoflow/handlers/event"
@@ -14,35 +13,37 @@ import (
 	"github.com/promoflow/promoflow/router/rebuild"
 )
 
-// catalogConfig is the catalog process's configuration.
+// catalogConfig is the catalog process's configuration: its flags bind
+// straight onto the consumer's config, whose defaults they show.
 type catalogConfig struct {
 	commonConfig
-	Enabled        bool
-	Topic          string
-	ReplayTopic    string
-	DLQTopic       string
-	ConsumerGroup  string
-	AdminToken     string
-	RetryInitial   time.Duration
-	RetryMax       time.Duration
-	DedupRetention time.Duration
-	AuditInterval  time.Duration
-	Topics         topicConfig
+	AdminToken string
+	Consumer   router.CatalogConfig
+	Topics     topicConfig
 }
 
 func (c *catalogConfig) register(s *settings) {
 	c.commonConfig.register(s, ":8081")
-	s.bool(&c.Enabled, "promotions-enabled", "CATALOG_PROMOTIONS_ENABLED", true, "feature flag catalog.promotions.enabled: when false the consumer does not subscribe")
-	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
-	s.str(&c.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic of DLQ replays, read by this consumer only")
-	s.str(&c.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
-	s.str(&c.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
+	s.bool(&c.Consumer.Enabled, "promotions-enabled", "CATALOG_PROMOTIONS_ENABLED", true, "feature flag catalog.promotions.enabled: when false the consumer does not subscribe")
+	s.str(&c.Consumer.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
+	s.str(&c.Consumer.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic of DLQ replays, read by this consumer only")
+	s.str(&c.Consumer.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
+	s.str(&c.Consumer.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
 	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
-	s.dur(&c.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", time.Second, "first backoff after an infrastructure error")
-	s.dur(&c.RetryMax, "retry-max", "CATALOG_RETRY_MAX", time.Minute, "largest backoff after infrastructure errors")
-	s.dur(&c.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", 7*24*time.Hour, "how long dedup keys are kept")
-	s.dur(&c.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", 5*time.Minute, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
+	s.dur(&c.Consumer.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", middleware.RetryInitialIntervalDefault, "first backoff after an infrastructure error")
+	s.dur(&c.Consumer.RetryMax, "retry-max", "CATALOG_RETRY_MAX", middleware.RetryMaxIntervalDefault, "largest backoff after infrastructure errors")
+	s.dur(&c.Consumer.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", router.DedupRetentionDefault, "how long dedup keys are kept")
+	s.dur(&c.Consumer.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", router.AuditIntervalDefault, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
 	c.Topics.register(s)
+}
+
+func (c catalogConfig) validate() error {
+	c.Consumer.Brokers = splitList(c.KafkaBrokers)
+	errs := []error{c.commonConfig.validate(), c.Topics.validate()}
+	if len(c.Consumer.Brokers) > 0 {
+		errs = append(errs, c.Consumer.Validate())
+	}
+	return errors.Join(errs...)
 }
 
 func runCatalog(ctx context.Context, args []string) error {
@@ -52,7 +53,7 @@ func runCatalog(ctx context.Context, args []string) error {
 	if err := s.parse(args); err != nil {
 		return err
 	}
-	if err := errors.Join(cfg.commonConfig.validate(), cfg.Topics.validate()); err != nil {
+	if err := cfg.validate(); err != nil {
 		return err
 	}
 	return startCatalog(ctx, cfg, newLogger(cfg.LogLevel, "catalog"))
@@ -70,7 +71,8 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	}
 	defer db.Close()
 	brokers := splitList(cfg.KafkaBrokers)
-	if err := cfg.Topics.ensure(brokers, log, cfg.Topic, cfg.ReplayTopic, cfg.DLQTopic); err != nil {
+	cfg.Consumer.Brokers = brokers
+	if err := cfg.Topics.ensure(brokers, log, cfg.Consumer.Topic, cfg.Consumer.ReplayTopic, cfg.Consumer.DLQTopic); err != nil {
 		return err
 	}
 	reg := newRegistry()
@@ -78,15 +80,11 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	c, err := router.NewCatalog(db, metrics, log, router.CatalogConfig{
-		Brokers: brokers, Enabled: cfg.Enabled, Topic: cfg.Topic, ReplayTopic: cfg.ReplayTopic,
-		DLQTopic: cfg.DLQTopic, ConsumerGroup: cfg.ConsumerGroup, RetryInitial: cfg.RetryInitial, RetryMax: cfg.RetryMax,
-		DedupRetention: cfg.DedupRetention, AuditInterval: cfg.AuditInterval,
-	})
+	c, err := router.NewCatalog(db, metrics, log, cfg.Consumer)
 	if err != nil {
 		return err
 	}
-	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: cfg.Topic, Chain: c.Chain, Log: log})
+	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: cfg.Consumer.Topic, Chain: c.Chain, Log: log})
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func runDev(ctx context.Context, args []string) error {
 		c.AdminToken = devAdminToken
 	}
 	if _, ok := os.LookupEnv("EXPIRE_INTERVAL"); !ok && !flagGiven(ps, "expire-interval") {
-		p.ExpireInterval = 5 * time.Second // a laptop demo: expiry shows within seconds
+		p.Expire.Interval = 5 * time.Second // a laptop demo: expiry shows within seconds
 	}
 	if _, ok := os.LookupEnv("HTTP_ADDR"); !ok && !flagGiven(ps, "http-addr") {
 		p.HTTPAddr, c.HTTPAddr = "127.0.0.1:8080", "127.0.0.1:8081"

@@ -33,15 +33,15 @@ func TestSettings_EnvironmentFillsUnsetFlagsAndBadValuesAreNamed(t *testing.T) {
 	cfg.register(s)
 	err := s.parse([]string{"--expire-interval", "2m"})
 	require.ErrorContains(t, err, `$EXPIRE_BATCH_SIZE="lots"`)
-	require.Equal(t, 2*time.Minute, cfg.ExpireInterval, "a flag wins over the environment")
+	require.Equal(t, 2*time.Minute, cfg.Expire.Interval, "a flag wins over the environment")
 
 	t.Setenv("EXPIRE_BATCH_SIZE", "50")
 	cfg = promotionConfig{}
 	s = newSettings("promotion", "")
 	cfg.register(s)
 	require.NoError(t, s.parse(nil))
-	require.Equal(t, 90*time.Second, cfg.ExpireInterval)
-	require.Equal(t, 50, cfg.ExpireBatchSize)
+	require.Equal(t, 90*time.Second, cfg.Expire.Interval)
+	require.Equal(t, 50, cfg.Expire.BatchSize)
 }
 
 func TestPromotionCommand_RejectsMissingAndBadSettings(t *testing.T) {

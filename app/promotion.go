@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -17,49 +16,50 @@ import (
 	"github.com/promoflow/promoflow/router"
 )
 
-// promotionConfig is the promotion process's configuration.
+// promotionConfig is the promotion process's configuration: its flags bind
+// straight onto the components' configs, whose defaults they show.
 type promotionConfig struct {
 	commonConfig
-	Topic             string
-	APITokens         string
-	ExpireInterval    time.Duration
-	ExpireBatchSize   int
-	ExpireMaxDuration time.Duration
-	ExpireWakeup      bool
-	ExpireWakeupPoll  time.Duration
-	OutboxPoll        time.Duration
-	OutboxBatchSize   int
-	KeyRetention      time.Duration
-	Topics            topicConfig
+	// Topic is the purchase topic: the expirer's and the API's events go there.
+	Topic     string
+	APITokens string
+	Expire    expire.Config
+	Relay     router.PromotionConfig
+	Purchases purchase.ServiceConfig
+	Topics    topicConfig
 }
 
 func (c *promotionConfig) register(s *settings) {
 	c.commonConfig.register(s, ":8080")
 	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.str(&c.APITokens, "api-tokens", "PROMOTION_API_TOKENS", "", "bearer tokens of tenant managers: token=tenant-uuid,...")
-	s.dur(&c.ExpireInterval, "expire-interval", "EXPIRE_INTERVAL", 60*time.Second, "time between expirer cycles (seed range 1m..5m)")
-	s.int(&c.ExpireBatchSize, "expire-batch-size", "EXPIRE_BATCH_SIZE", expire.BatchSizeDefault, "most purchases one expirer transaction takes")
-	s.dur(&c.ExpireMaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog")
-	s.bool(&c.ExpireWakeup, "expire-wakeup", "EXPIRE_WAKEUP", true, "also run a cycle at the earliest upcoming EndsAt, not only every interval")
-	s.dur(&c.ExpireWakeupPoll, "expire-wakeup-poll", "EXPIRE_WAKEUP_POLL", expire.WakeupPollDefault, "how often the earliest upcoming EndsAt is re-read (a purchase created on another instance re-arms the wake-up within it)")
-	s.dur(&c.OutboxPoll, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "how often the relay polls an idle outbox")
-	s.int(&c.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", router.OutboxBatchSizeDefault, "outbox rows the relay reads per query (a row holds one transaction's events)")
-	s.dur(&c.KeyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
+	s.dur(&c.Expire.Interval, "expire-interval", "EXPIRE_INTERVAL", expire.IntervalDefault, "time between expirer cycles (seed range 1m..5m)")
+	s.int(&c.Expire.BatchSize, "expire-batch-size", "EXPIRE_BATCH_SIZE", expire.BatchSizeDefault, "most purchases one expirer transaction takes")
+	s.dur(&c.Expire.MaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog")
+	s.notBool(&c.Expire.DisableWakeup, "expire-wakeup", "EXPIRE_WAKEUP", true, "also run a cycle at the earliest upcoming EndsAt, not only every interval")
+	s.dur(&c.Expire.WakeupPoll, "expire-wakeup-poll", "EXPIRE_WAKEUP_POLL", expire.WakeupPollDefault, "how often the earliest upcoming EndsAt is re-read (a purchase created on another instance re-arms the wake-up within it)")
+	s.dur(&c.Relay.OutboxPollInterval, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", router.OutboxPollIntervalDefault, "how often the relay polls an idle outbox")
+	s.int(&c.Relay.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", router.OutboxBatchSizeDefault, "outbox rows the relay reads per query (a row holds one transaction's events)")
+	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }
 
+// wire fills in what the components share: the topic, the brokers, the retention.
+func (c *promotionConfig) wire() {
+	c.Expire.Topic, c.Purchases.Topic = c.Topic, c.Topic
+	c.Relay.Brokers = splitList(c.KafkaBrokers)
+	c.Relay.IdempotencyRetention = c.Purchases.IdempotencyRetention
+}
+
 func (c promotionConfig) validate() error {
-	errs := []error{c.commonConfig.validate()}
+	c.wire()
+	errs := []error{c.commonConfig.validate(), c.Topics.validate(), c.Expire.Validate(), c.Purchases.Validate()}
 	if _, err := api.ParseTokens(c.APITokens); err != nil {
 		errs = append(errs, err)
 	}
-	if c.ExpireInterval <= 0 {
-		errs = append(errs, errors.New("expire interval must be positive"))
+	if len(c.Relay.Brokers) > 0 {
+		errs = append(errs, c.Relay.Validate())
 	}
-	if c.KeyRetention <= 0 {
-		errs = append(errs, errors.New("idempotency key retention must be positive"))
-	}
-	errs = append(errs, c.Topics.validate())
 	return errors.Join(errs...)
 }
 
@@ -92,8 +92,8 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 		return err
 	}
 	defer db.Close()
-	brokers := splitList(cfg.KafkaBrokers)
-	if err := cfg.Topics.ensure(brokers, log, cfg.Topic); err != nil {
+	cfg.wire()
+	if err := cfg.Topics.ensure(cfg.Relay.Brokers, log, cfg.Topic); err != nil {
 		return err
 	}
 
@@ -102,21 +102,21 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	if err != nil {
 		return err
 	}
-	exp, err := expire.New(db, expire.Config{BatchSize: cfg.ExpireBatchSize, MaxDuration: cfg.ExpireMaxDuration, Topic: cfg.Topic,
-		WakeupPoll: cfg.ExpireWakeupPoll, DisableWakeup: !cfg.ExpireWakeup}, log)
+	exp, err := expire.New(db, cfg.Expire, log)
 	if err != nil {
 		return err
 	}
-	r, err := router.NewPromotion(db, exp, metrics, log, router.PromotionConfig{
-		Brokers: brokers, ExpireInterval: cfg.ExpireInterval,
-		OutboxPollInterval: cfg.OutboxPoll, OutboxBatchSize: cfg.OutboxBatchSize, IdempotencyRetention: cfg.KeyRetention,
-	})
+	r, err := router.NewPromotion(db, exp, metrics, log, cfg.Relay)
+	if err != nil {
+		return err
+	}
+	purchases, err := purchase.NewService(db, cfg.Purchases)
 	if err != nil {
 		return err
 	}
 
 	mux := newMux(reg, dbReady(db), routerReady(r.Router.IsRunning))
-	(&api.Promotions{Service: &purchase.Service{DB: db, Topic: cfg.Topic, IdempotencyRetention: cfg.KeyRetention}, Tokens: tokens, Log: log}).Register(mux)
+	(&api.Promotions{Service: purchases, Tokens: tokens, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
 		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, api.JSONErrors(mux), log) },

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -47,6 +48,31 @@ func (s *settings) dur(p *time.Duration, name, env string, def time.Duration, us
 	s.fs.DurationVar(p, name, def, usage)
 	s.envs[name] = env
 }
+
+// notBool binds a flag whose value is the negation of *p: a component's
+// DisableX field shown to operators as the X they switch on or off.
+func (s *settings) notBool(p *bool, name, env string, def bool, usage string) {
+	*p = !def
+	s.fs.Var((*notBoolValue)(p), name, usage)
+	s.fs.Lookup(name).DefValue = strconv.FormatBool(def)
+	s.envs[name] = env
+}
+
+type notBoolValue bool
+
+func (v *notBoolValue) String() string { return strconv.FormatBool(!bool(*v)) }
+
+func (v *notBoolValue) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*v = notBoolValue(!b)
+	return nil
+}
+
+// IsBoolFlag lets --name stand for --name=true.
+func (v *notBoolValue) IsBoolFlag() bool { return true }
 
 func (s *settings) float(p *float64, name, env string, def float64, usage string) {
 	s.fs.Float64Var(p, name, def, usage)

@@ -39,6 +39,7 @@ func (c *DedupConfig) setDefaults() {
 
 // Validate reports every missing setting.
 func (c DedupConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	if c.KeyPrefix == "" {
 		return errors.New("dedup key prefix is required")
 	}

@@ -62,6 +62,7 @@ func (c *PoisonConfig) setDefaults() {
 
 // Validate reports every missing setting.
 func (c PoisonConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	if c.Topic == "" {
 		return errors.New("dlq topic is required")
 	}

@@ -101,6 +101,7 @@ func (c *RetryConfig) setDefaults() {
 
 // Validate reports every missing or out-of-range setting.
 func (c RetryConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	var errs []error
 	if c.IsConflict == nil {
 		errs = append(errs, errors.New("conflict classifier is required"))

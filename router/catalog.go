@@ -25,9 +25,9 @@ const CatalogConsumerGroup = "pin-catalog-promotion-boost"
 
 // Defaults of CatalogConfig.
 const (
-	DedupRetentionDefault  = 7 * 24 * time.Hour
-	JanitorIntervalDefault = time.Hour
-	AuditIntervalDefault   = 5 * time.Minute
+	DedupRetentionDefault       = 7 * 24 * time.Hour
+	DedupJanitorIntervalDefault = time.Hour
+	AuditIntervalDefault        = 5 * time.Minute
 )
 
 // CatalogConfig wires the catalog router.
@@ -65,12 +65,13 @@ func (c *CatalogConfig) setDefaults() {
 	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
 	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
 	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
-	c.JanitorInterval = cmp.Or(c.JanitorInterval, JanitorIntervalDefault)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, DedupJanitorIntervalDefault)
 	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
 }
 
 // Validate reports every missing or out-of-range setting.
 func (c CatalogConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	var errs []error
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("kafka brokers are required"))

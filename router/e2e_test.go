@@ -12,6 +12,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
@@ -29,7 +30,7 @@ func TestEndToEnd_PurchaseBoostsCardsAndCancelOrExpiryRemovesIt(t *testing.T) {
 	p.start(t, 200*time.Millisecond)
 	c.Start(t)
 
-	svc := &purchase.Service{DB: c.DB, Topic: c.Cfg.Topic}
+	svc := purchasetest.NewService(t, c.DB, c.Cfg.Topic)
 	ctx := context.Background()
 	tenant := uuid.New()
 	projectBuy, _, err := svc.Create(ctx, tenant, "", purchase.Draft{PackageKind: "Top", BoostWeight: 30,

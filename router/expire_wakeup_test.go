@@ -36,7 +36,7 @@ func TestExpirer_WakesAtEarliestEndsAt(t *testing.T) {
 	b := promotionBundle{db: pgtest.DB(t), topic: kafkatest.Topic(t, 1)}
 	b.start(t, heartbeat)
 
-	p := createEndingIn(t, &purchase.Service{DB: b.db, Topic: b.topic}, time.Second)
+	p := createEndingIn(t, purchasetest.NewService(t, b.db, b.topic), time.Second)
 
 	asOf := waitExpired(t, b.db, p)
 	require.Eventually(t, func() bool { n, _ := histogramCountSum(t, b.metrics.ExpireDelay); return n == 1 }, 10*time.Second, 5*time.Millisecond,
@@ -63,7 +63,7 @@ func TestExpirer_EarlierPurchaseCreatedOnOtherInstanceRearmsWakeup(t *testing.T)
 		return len(armed) > 0 && armed[len(armed)-1]["EndsAt"] == farEndsAt.UTC().String()
 	}, 30*time.Second, 10*time.Millisecond, "instance A is armed for the far EndsAt")
 
-	p := createEndingIn(t, &purchase.Service{DB: other.db, Topic: other.topic}, time.Second)
+	p := createEndingIn(t, purchasetest.NewService(t, other.db, other.topic), time.Second)
 
 	waitExpired(t, a.db, p)
 	expiredByA := false

@@ -17,6 +17,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
@@ -119,7 +120,7 @@ func runExpiryLatency(b *testing.B, window time.Duration) latencyRun {
 	// the window.
 	first := time.Now().Add(latencySetup + time.Duration(n)*latencySetupPerPurchase).Truncate(time.Millisecond)
 	endsAt := func(i int) time.Time { return first.Add(time.Duration(i) * time.Second / latencyRate) }
-	ids := createPurchases(b, &purchase.Service{DB: c.DB, Topic: c.Cfg.Topic}, cards, endsAt)
+	ids := createPurchases(b, purchasetest.NewService(b, c.DB, c.Cfg.Topic), cards, endsAt)
 	require.Eventually(b, func() bool {
 		var boosted int
 		return c.DB.Get(&boosted, `SELECT count(*) FROM catalog.project_cards WHERE promotion_boost > 0`) == nil && boosted == n

@@ -27,8 +27,6 @@ import (
 type PromotionConfig struct {
 	// Brokers are the Kafka bootstrap servers the relay publishes to.
 	Brokers []string
-	// ExpireInterval is the time between expirer ticks. Defaults to 60s.
-	ExpireInterval time.Duration
 	// JanitorInterval is the time between outbox cleanups. Defaults to 5s.
 	JanitorInterval time.Duration
 	// OutboxPollInterval is how often the relay polls an idle outbox. Defaults to 100ms.
@@ -46,28 +44,33 @@ type PromotionConfig struct {
 	RelayPublisher message.Publisher
 }
 
-// OutboxBatchSizeDefault is the relay's rows per query: 100 rows of an
-// expirer's 200 events are 20k events, about 23 MB of outbox JSON held at
-// once, and what a crash mid-query may send again.
-const OutboxBatchSizeDefault = 100
+// Defaults of PromotionConfig.
+const (
+	// OutboxBatchSizeDefault is the relay's rows per query: 100 rows of an
+	// expirer's 200 events are 20k events, about 23 MB of outbox JSON held at
+	// once, and what a crash mid-query may send again.
+	OutboxBatchSizeDefault       = 100
+	OutboxPollIntervalDefault    = 100 * time.Millisecond
+	OutboxJanitorIntervalDefault = 5 * time.Second
+	KeyJanitorIntervalDefault    = 10 * time.Minute
+)
 
 func (c *PromotionConfig) setDefaults() {
-	c.ExpireInterval = cmp.Or(c.ExpireInterval, 60*time.Second)
-	c.JanitorInterval = cmp.Or(c.JanitorInterval, 5*time.Second)
-	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, 100*time.Millisecond)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, OutboxJanitorIntervalDefault)
+	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, OutboxPollIntervalDefault)
 	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, OutboxBatchSizeDefault)
 	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
-	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, 10*time.Minute)
+	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 }
 
 // Validate reports every missing or out-of-range setting.
 func (c PromotionConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	var errs []error
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("kafka brokers are required"))
 	}
-	if c.ExpireInterval <= 0 || c.JanitorInterval <= 0 || c.OutboxPollInterval <= 0 || c.KeyJanitorInterval <= 0 ||
-		c.IdempotencyRetention <= 0 {
+	if c.JanitorInterval <= 0 || c.OutboxPollInterval <= 0 || c.KeyJanitorInterval <= 0 || c.IdempotencyRetention <= 0 {
 		errs = append(errs, errors.New("intervals must be positive"))
 	}
 	if c.OutboxBatchSize < 1 {
@@ -103,7 +106,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	}
 	p := &Promotion{Router: r}
 
-	expireTicks := newTickSource(expireTickTopic, cfg.ExpireInterval, wlog)
+	expireTicks := newTickSource(expireTickTopic, exp.Interval(), wlog)
 	expireTicks.early = expire.NewWakeup(exp)
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())

@@ -44,7 +44,8 @@ func (b *promotionBundle) start(t testing.TB, interval time.Duration) {
 // and a logger of the test's choosing.
 func (b *promotionBundle) startWith(t testing.TB, interval time.Duration, cfg expire.Config, log *slog.Logger) {
 	t.Helper()
-	b.startRouter(t, router.PromotionConfig{ExpireInterval: interval}, cfg, log)
+	cfg.Interval = interval
+	b.startRouter(t, router.PromotionConfig{}, cfg, log)
 }
 
 // startRouter is startWith with the router's config: its brokers, and short

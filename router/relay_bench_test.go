@@ -106,7 +106,7 @@ func relay(b *testing.B, n, perTx int) (float64, float64) {
 		txs = append(txs, msgs[i:min(i+perTx, n)])
 	}
 	writeOutbox(b, bundle, txs...)
-	bundle.startRouter(b, router.PromotionConfig{ExpireInterval: time.Hour}, expire.Config{}, slog.New(slog.DiscardHandler))
+	bundle.startRouter(b, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
 
 	resetPeakRSS(b)
 	start := time.Now()
@@ -152,9 +152,9 @@ func BenchmarkBurst(b *testing.B) {
 		start := time.Now()
 		// The process defaults: a tick at once and then every 60s, janitor
 		// every 5s, the relay polling an idle outbox every 100ms.
-		bundle.startRouter(b, router.PromotionConfig{ExpireInterval: 60 * time.Second,
-			JanitorInterval: 5 * time.Second, OutboxPollInterval: 100 * time.Millisecond},
-			expire.Config{}, slog.New(slog.DiscardHandler))
+		bundle.startRouter(b, router.PromotionConfig{JanitorInterval: router.OutboxJanitorIntervalDefault,
+			OutboxPollInterval: router.OutboxPollIntervalDefault}, expire.Config{Interval: expire.IntervalDefault},
+			slog.New(slog.DiscardHandler))
 		var expiredAt time.Duration
 		require.Eventually(b, func() bool {
 			if expiredAt == 0 {

@@ -95,7 +95,7 @@ func TestRelay_NackedBatchIsResentWhole(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	double := &refuseHalfOnce{Publisher: kp, target: batch[0].UUID}
-	b.startRouter(t, router.PromotionConfig{ExpireInterval: time.Hour, RelayPublisher: double}, expire.Config{}, slog.New(slog.DiscardHandler))
+	b.startRouter(t, router.PromotionConfig{RelayPublisher: double}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
 
 	// Kafka took the first half of the batch, refused the rest; the relay then
 	// sent the whole batch again before any row written after it.

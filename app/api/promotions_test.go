@@ -40,7 +40,7 @@ func setup(t *testing.T) apiBundle {
 	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	(&api.Promotions{
-		Service: &purchase.Service{DB: db},
+		Service: purchasetest.NewService(t, db, ""),
 		Tokens:  api.Tokens{"token-a": tenantA, "token-b": tenantB},
 		Log:     slog.New(slog.DiscardHandler),
 	}).Register(mux)

@@ -10,6 +10,7 @@ import (
 
 // Defaults of Config, from the seed's schedule table.
 const (
+	IntervalDefault     = 60 * time.Second
 	BatchSizeDefault    = 200
 	MaxDurationDefault  = 30 * time.Second
 	BatchTimeoutDefault = 15 * time.Second
@@ -18,6 +19,9 @@ const (
 
 // Config tunes the expirer.
 type Config struct {
+	// Interval is the time between cycles, the ticker's heartbeat (seed range
+	// 1m..5m). Defaults to 60s.
+	Interval time.Duration
 	// BatchSize is the most purchases one transaction expires. Defaults to 200.
 	BatchSize int
 	// MaxDuration bounds one cycle; what is left is taken by the next. Defaults to 30s.
@@ -37,6 +41,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	c.Interval = cmp.Or(c.Interval, IntervalDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.MaxDuration = cmp.Or(c.MaxDuration, MaxDurationDefault)
 	c.BatchTimeout = cmp.Or(c.BatchTimeout, BatchTimeoutDefault)
@@ -46,7 +51,11 @@ func (c *Config) setDefaults() {
 
 // Validate reports every out-of-range setting.
 func (c Config) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	var errs []error
+	if c.Interval <= 0 {
+		errs = append(errs, errors.New("expire interval must be positive"))
+	}
 	if c.BatchSize < 1 || c.BatchSize > 10_000 {
 		errs = append(errs, errors.New("expire batch size must be within 1..10000"))
 	}

@@ -52,3 +52,6 @@ func New(db *sqlx.DB, cfg Config, log *slog.Logger) (*Expirer, error) {
 	}
 	return &Expirer{db: db, cfg: cfg, log: log, Now: time.Now}, nil
 }
+
+// Interval is the time between cycles.
+func (e *Expirer) Interval() time.Duration { return e.cfg.Interval }

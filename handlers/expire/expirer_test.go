@@ -225,7 +225,7 @@ func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) 
 	due := purchasetest.SeedActive(t, b.db, 300, time.Now().Add(-time.Minute))
 	var tenant uuid.UUID
 	require.NoError(t, b.db.Get(&tenant, `SELECT tenant_id FROM promotion.promotion_purchases LIMIT 1`))
-	svc := &purchase.Service{DB: b.db}
+	svc := purchasetest.NewService(t, b.db, "")
 
 	var wg sync.WaitGroup
 	cancelled := make(chan uuid.UUID, len(due))

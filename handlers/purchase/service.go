@@ -28,39 +28,53 @@ var (
 // IdempotencyRetentionDefault is how long an Idempotency-Key is honoured.
 const IdempotencyRetentionDefault = 24 * time.Hour
 
-// Service runs the purchase use cases of the API. Each call is one transaction;
-// every status change writes its event to the outbox in that transaction.
-type Service struct {
-	DB *sqlx.DB
-	// Topic is the event's destination topic. Defaults to event.Topic.
+// ServiceConfig configures a Service.
+type ServiceConfig struct {
+	// Topic is the events' destination topic. Defaults to event.Topic.
 	Topic string
-	// Now is the clock. Defaults to time.Now in UTC.
-	Now func() time.Time
 	// IdempotencyRetention is how long a key returns its first purchase;
 	// after it the key is free again. Defaults to 24h.
 	IdempotencyRetention time.Duration
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
 }
 
-func (s *Service) retention() time.Duration {
-	return cmp.Or(s.IdempotencyRetention, IdempotencyRetentionDefault)
+func (c *ServiceConfig) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, IdempotencyRetentionDefault)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every out-of-range setting.
+func (c ServiceConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
+	if c.IdempotencyRetention < 0 {
+		return errors.New("idempotency key retention must be positive")
+	}
+	return nil
+}
+
+// Service runs the purchase use cases of the API. Each call is one transaction;
+// every status change writes its event to the outbox in that transaction.
+type Service struct {
+	db  *sqlx.DB
+	cfg ServiceConfig
+}
+
+// NewService validates cfg (after defaults) and returns a Service on db.
+func NewService(db *sqlx.DB, cfg ServiceConfig) (*Service, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Service{db: db, cfg: cfg}, nil
 }
 
 // now is in UTC at PostgreSQL's microsecond precision, so that an event built
 // from memory equals one built from the stored row.
-func (s *Service) now() time.Time {
-	now := time.Now
-	if s.Now != nil {
-		now = s.Now
-	}
-	return now().UTC().Truncate(time.Microsecond)
-}
-
-func (s *Service) topic() string {
-	if s.Topic != "" {
-		return s.Topic
-	}
-	return event.Topic
-}
+func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
 
 // Create validates d and stores a purchase that is Active at once (no-payment
 // mode), with its Active event. With a non-empty idempotencyKey, a repeat of the
@@ -86,7 +100,7 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 			return err
 		}
 		if idempotencyKey != "" {
-			claimed, err := claimKeyTx(ctx, tx, tenant, idempotencyKey, hash, p.ID, s.retention())
+			claimed, err := claimKeyTx(ctx, tx, tenant, idempotencyKey, hash, p.ID, s.cfg.IdempotencyRetention)
 			if err != nil {
 				return err
 			}
@@ -131,8 +145,8 @@ func (s *Service) replay(ctx context.Context, tenant uuid.UUID, key string, hash
 		Hash []byte    `db:"request_hash"`
 		ID   uuid.UUID `db:"purchase_id"`
 	}
-	err := s.DB.GetContext(ctx, &stored, `SELECT request_hash, purchase_id FROM promotion.idempotency_keys
-		WHERE tenant_id = $1 AND key = $2 AND created_at >= now() - make_interval(secs => $3)`, tenant, key, s.retention().Seconds())
+	err := s.db.GetContext(ctx, &stored, `SELECT request_hash, purchase_id FROM promotion.idempotency_keys
+		WHERE tenant_id = $1 AND key = $2 AND created_at >= now() - make_interval(secs => $3)`, tenant, key, s.cfg.IdempotencyRetention.Seconds())
 	if errors.Is(err, sql.ErrNoRows) {
 		return Purchase{}, fmt.Errorf("idempotency key expired while the request ran; send it again: %w", ErrIdempotencyKeyExpired)
 	}
@@ -142,7 +156,7 @@ func (s *Service) replay(ctx context.Context, tenant uuid.UUID, key string, hash
 	if string(stored.Hash) != string(hash) {
 		return Purchase{}, ErrIdempotencyKeyReused
 	}
-	return Get(ctx, s.DB, tenant, stored.ID)
+	return Get(ctx, s.db, tenant, stored.ID)
 }
 
 // Cancel moves a tenant's Active or Pending purchase to Cancelled. It waits for
@@ -169,12 +183,12 @@ func (s *Service) Cancel(ctx context.Context, tenant, id uuid.UUID, correlationI
 
 // Get reads a tenant's purchase; another tenant's is ErrNotFound.
 func (s *Service) Get(ctx context.Context, tenant, id uuid.UUID) (Purchase, error) {
-	return Get(ctx, s.DB, tenant, id)
+	return Get(ctx, s.db, tenant, id)
 }
 
 // List reads a tenant's purchases, optionally of one status.
 func (s *Service) List(ctx context.Context, tenant uuid.UUID, status event.Status, limit int) ([]Purchase, error) {
-	return List(ctx, s.DB, tenant, status, limit)
+	return List(ctx, s.db, tenant, status, limit)
 }
 
 func (s *Service) publishTx(tx *sqlx.Tx, p Purchase, correlationID string, at time.Time) error {
@@ -182,11 +196,11 @@ func (s *Service) publishTx(tx *sqlx.Tx, p Purchase, correlationID string, at ti
 	if err != nil {
 		return err
 	}
-	return outbox.PublishTx(tx, s.topic(), msg)
+	return outbox.PublishTx(tx, s.cfg.Topic, msg)
 }
 
 func (s *Service) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
-	tx, err := s.DB.BeginTxx(ctx, &sql.TxOptions{})
+	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{})
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}

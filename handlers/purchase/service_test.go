@@ -15,7 +15,8 @@ import (
 func TestIdempotencyKeys_ExpireAfterRetention(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	svc := &purchase.Service{DB: db, IdempotencyRetention: time.Hour}
+	svc, err := purchase.NewService(db, purchase.ServiceConfig{IdempotencyRetention: time.Hour})
+	require.NoError(t, err)
 	ctx := context.Background()
 	tenant := uuid.New()
 	d := draft()

@@ -80,6 +80,7 @@ func (c *Config) setDefaults() {
 
 // Validate reports every bad setting.
 func (c Config) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	var errs []error
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("kafka brokers are required"))

@@ -49,6 +49,7 @@ func (c *Config) setDefaults() {
 
 // Validate reports every missing or out-of-range setting.
 func (c Config) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
 	var errs []error
 	if c.DB == nil {
 		errs = append(errs, errors.New("rebuild: database is required"))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/handlers/purchase"
 )
 
 // SeedActive inserts n Active purchases of one tenant with the given EndsAt,
@@ -94,4 +95,13 @@ func Statuses(t testing.TB, db *sqlx.DB) map[uuid.UUID]State {
 		out[r.ID] = r.State
 	}
 	return out
+}
+
+// NewService is a purchase service on db whose events go to topic (empty:
+// event.Topic).
+func NewService(t testing.TB, db *sqlx.DB, topic string) *purchase.Service {
+	t.Helper()
+	svc, err := purchase.NewService(db, purchase.ServiceConfig{Topic: topic})
+	require.NoError(t, err)
+	return svc
 }
