@@ -39,14 +39,7 @@ func runAudit(ctx context.Context, args []string) error {
 	s.bool(&replica, "replica", "AUDIT_REPLICA", false, "also compare the replica with the latest event of each purchase on the topic")
 	s.bool(&repair, "repair", "AUDIT_REPAIR", false, "recompute the drifted cards")
 	s.bool(&asJSON, "json", "AUDIT_JSON", false, "print the report as JSON")
-	if err := s.parse(args); err != nil {
-		return err
-	}
-	if err := common.validate(); err != nil {
-		return err
-	}
-	log := newLoggerTo(os.Stderr, common.LogLevel, "audit")
-	db, err := openDB(ctx, common, log)
+	db, log, err := common.openCommand(ctx, s, args, "audit")
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,20 @@ func (c *commonConfig) register(s *settings, httpAddr string) {
 	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
 }
 
+// openCommand parses a one-shot command's args (its settings registered with
+// registerStores), and opens its database and its logger on stderr.
+func (c *commonConfig) openCommand(ctx context.Context, s *settings, args []string, name string) (*sqlx.DB, *slog.Logger, error) {
+	if err := s.parse(args); err != nil {
+		return nil, nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, nil, err
+	}
+	log := newLoggerTo(os.Stderr, c.LogLevel, name)
+	db, err := openDB(ctx, *c, log)
+	return db, log, err
+}
+
 // registerStores registers what a command that serves no HTTP needs.
 func (c *commonConfig) registerStores(s *settings) {
 	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/db?sslmode=disable (required)")

@@ -30,14 +30,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	common.registerStores(s)
 	s.str(&topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.bool(&status, "status", "REBUILD_STATUS", false, "print the newest rebuild's state as JSON and exit")
-	if err := s.parse(args); err != nil {
-		return err
-	}
-	if err := common.validate(); err != nil {
-		return err
-	}
-	log := newLoggerTo(os.Stderr, common.LogLevel, "rebuild")
-	db, err := openDB(ctx, common, log)
+	db, log, err := common.openCommand(ctx, s, args, "rebuild")
 	if err != nil {
 		return err
 	}

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/retention"
 )
 
 // DedupKeyPrefixDefault is the dedup key prefix of the Promotion Boost consumer;
@@ -32,18 +34,19 @@ type DedupConfig struct {
 	OnDuplicate func(msg *message.Message)
 }
 
+// Validate reports a key prefix that would not read as a key of this
+// consumer: it ends with ':' before the MessageId.
+func (c DedupConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
+	if !strings.HasSuffix(c.KeyPrefix, ":") || strings.ContainsAny(c.KeyPrefix, " %") {
+		return fmt.Errorf("dedup key prefix %q must end with ':' and hold no spaces or %%", c.KeyPrefix)
+	}
+	return nil
+}
+
 func (c *DedupConfig) setDefaults() {
 	c.KeyPrefix = cmp.Or(c.KeyPrefix, DedupKeyPrefixDefault)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
-}
-
-// Validate reports every missing setting.
-func (c DedupConfig) Validate() error {
-	c.setDefaults() // a copy: what the component will run with
-	if c.KeyPrefix == "" {
-		return errors.New("dedup key prefix is required")
-	}
-	return nil
 }
 
 // Dedup skips a message whose key is already in catalog.processed_messages and
@@ -106,27 +109,10 @@ func ResetDedupTx(ctx context.Context, tx *sqlx.Tx, prefix string) error {
 	return nil
 }
 
-// cleanupBatch bounds one DELETE of the cleanup, so that a large backlog
-// never holds one long transaction.
-const cleanupBatch = 10_000
-
-// CleanupDedupKeys deletes dedup keys older than retention, batch by batch
-// through the processed_at index, so that catalog.processed_messages does not
-// grow without bound. A redelivery older than the retention is still
-// harmless: the per-purchase version guard skips or re-applies the same snapshot.
-func CleanupDedupKeys(ctx context.Context, db *sqlx.DB, retention time.Duration) (int64, error) {
-	var total int64
-	for {
-		res, err := db.ExecContext(ctx, `DELETE FROM catalog.processed_messages WHERE ctid = ANY(ARRAY(
-			SELECT ctid FROM catalog.processed_messages WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))`,
-			retention.Seconds(), cleanupBatch)
-		if err != nil {
-			return total, fmt.Errorf("clean dedup keys: %w", err)
-		}
-		n, err := res.RowsAffected()
-		total += n
-		if err != nil || n < cleanupBatch {
-			return total, err
-		}
-	}
+// CleanupDedupKeys deletes dedup keys older than keep, batch by batch through
+// the processed_at index, so that catalog.processed_messages does not grow
+// without bound. A redelivery older than the retention is still harmless: the
+// per-purchase version guard skips or re-applies the same snapshot.
+func CleanupDedupKeys(ctx context.Context, db *sqlx.DB, keep time.Duration) (int64, error) {
+	return retention.Delete(ctx, db, "catalog.processed_messages", "processed_at", keep)
 }

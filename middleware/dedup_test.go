@@ -175,3 +175,9 @@ func TestResetDedupTx_ForgetsOnlyKeysWithItsPrefix(t *testing.T) {
 	defer tx.Rollback() //nolint:errcheck
 	require.ErrorContains(t, middleware.ResetDedupTx(context.Background(), tx, ""), "prefix is required")
 }
+
+func TestDedup_ConfigRefusesAPrefixThatIsNotAKeyPrefix(t *testing.T) {
+	t.Parallel()
+	_, err := middleware.Dedup(middleware.DedupConfig{KeyPrefix: "catalog-promotion"})
+	require.ErrorContains(t, err, "must end with ':'")
+}

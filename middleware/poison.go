@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"unicode/utf8"
@@ -55,18 +56,21 @@ type PoisonConfig struct {
 	OnDeadLetter func(msg *message.Message, p *Permanent)
 }
 
+// topicName is what Kafka accepts as a topic name.
+var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// Validate reports a DLQ topic name that Kafka would refuse.
+func (c PoisonConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
+	if !topicName.MatchString(c.Topic) {
+		return fmt.Errorf("dlq topic %q is not a Kafka topic name", c.Topic)
+	}
+	return nil
+}
+
 func (c *PoisonConfig) setDefaults() {
 	c.Topic = cmp.Or(c.Topic, DLQTopicDefault)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
-}
-
-// Validate reports every missing setting.
-func (c PoisonConfig) Validate() error {
-	c.setDefaults() // a copy: what the component will run with
-	if c.Topic == "" {
-		return errors.New("dlq topic is required")
-	}
-	return nil
 }
 
 // PoisonQueue publishes a message whose handler failed with a *Permanent error

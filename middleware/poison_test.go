@@ -159,3 +159,9 @@ func validEvent() event.PurchaseChanged {
 		Version:     1,
 	}
 }
+
+func TestPoisonQueue_ConfigRefusesATopicKafkaWouldRefuse(t *testing.T) {
+	t.Parallel()
+	_, err := middleware.PoisonQueue(&recordingPublisher{}, middleware.PoisonConfig{Topic: "dead letters"})
+	require.ErrorContains(t, err, "is not a Kafka topic name")
+}

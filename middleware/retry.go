@@ -91,14 +91,6 @@ type RetryConfig struct {
 	OnYield func(msg *message.Message)
 }
 
-func (c *RetryConfig) setDefaults() {
-	c.ConflictRetries = cmp.Or(c.ConflictRetries, RetryConflictRetriesDefault)
-	c.InitialInterval = cmp.Or(c.InitialInterval, RetryInitialIntervalDefault)
-	c.MaxInterval = cmp.Or(c.MaxInterval, RetryMaxIntervalDefault)
-	c.Multiplier = cmp.Or(c.Multiplier, RetryMultiplierDefault)
-	c.Logger = cmp.Or(c.Logger, slog.Default())
-}
-
 // Validate reports every missing or out-of-range setting.
 func (c RetryConfig) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -116,6 +108,14 @@ func (c RetryConfig) Validate() error {
 		errs = append(errs, errors.New("multiplier must be >= 1"))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *RetryConfig) setDefaults() {
+	c.ConflictRetries = cmp.Or(c.ConflictRetries, RetryConflictRetriesDefault)
+	c.InitialInterval = cmp.Or(c.InitialInterval, RetryInitialIntervalDefault)
+	c.MaxInterval = cmp.Or(c.MaxInterval, RetryMaxIntervalDefault)
+	c.Multiplier = cmp.Or(c.Multiplier, RetryMultiplierDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 }
 
 // Retry classifies the inner chain's errors by type and re-runs it:

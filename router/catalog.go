@@ -57,18 +57,6 @@ type CatalogConfig struct {
 	AuditInterval time.Duration
 }
 
-func (c *CatalogConfig) setDefaults() {
-	c.Topic = cmp.Or(c.Topic, event.Topic)
-	c.ReplayTopic = cmp.Or(c.ReplayTopic, dlqreplay.ReplayTopicDefault)
-	c.DLQTopic = cmp.Or(c.DLQTopic, middleware.DLQTopicDefault)
-	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
-	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
-	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
-	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
-	c.JanitorInterval = cmp.Or(c.JanitorInterval, DedupJanitorIntervalDefault)
-	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
-}
-
 // Validate reports every missing or out-of-range setting.
 func (c CatalogConfig) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -86,6 +74,18 @@ func (c CatalogConfig) Validate() error {
 		errs = append(errs, errors.New("the purchase, replay and DLQ topics must differ"))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *CatalogConfig) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.ReplayTopic = cmp.Or(c.ReplayTopic, dlqreplay.ReplayTopicDefault)
+	c.DLQTopic = cmp.Or(c.DLQTopic, middleware.DLQTopicDefault)
+	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
+	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
+	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
+	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, DedupJanitorIntervalDefault)
+	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion

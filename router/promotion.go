@@ -55,14 +55,6 @@ const (
 	KeyJanitorIntervalDefault    = 10 * time.Minute
 )
 
-func (c *PromotionConfig) setDefaults() {
-	c.JanitorInterval = cmp.Or(c.JanitorInterval, OutboxJanitorIntervalDefault)
-	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, OutboxPollIntervalDefault)
-	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, OutboxBatchSizeDefault)
-	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
-	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
-}
-
 // Validate reports every missing or out-of-range setting.
 func (c PromotionConfig) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -77,6 +69,14 @@ func (c PromotionConfig) Validate() error {
 		errs = append(errs, errors.New("outbox batch size must be >= 1"))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *PromotionConfig) setDefaults() {
+	c.JanitorInterval = cmp.Or(c.JanitorInterval, OutboxJanitorIntervalDefault)
+	c.OutboxPollInterval = cmp.Or(c.OutboxPollInterval, OutboxPollIntervalDefault)
+	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, OutboxBatchSizeDefault)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
+	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 }
 
 // Promotion is the promotion context's single Watermill router: the ticker-fed

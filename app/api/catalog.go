@@ -33,9 +33,9 @@ type Catalog struct {
 func (h *Catalog) Register(mux *http.ServeMux) {
 	mux.HandleFunc("PUT /cards/projects/{id}", h.admin(h.putProject))
 	mux.HandleFunc("PUT /cards/property-objects/{id}", h.admin(h.putObject))
-	mux.HandleFunc("GET /cards/projects/{id}", h.getProject)
+	mux.HandleFunc("GET /cards/projects/{id}", read(h, boost.GetProjectCard, projectView))
 	mux.HandleFunc("GET /cards/projects/{id}/property-objects", h.listObjects)
-	mux.HandleFunc("GET /cards/property-objects/{id}", h.getObject)
+	mux.HandleFunc("GET /cards/property-objects/{id}", read(h, boost.GetPropertyObjectCard, objectView))
 	mux.HandleFunc("POST /admin/projections/rebuild", h.admin(h.startRebuild))
 	mux.HandleFunc("GET /admin/projections/rebuild", h.admin(h.rebuildStatus))
 }
@@ -173,30 +173,20 @@ func (h *Catalog) write(w http.ResponseWriter, r *http.Request, fn func(context.
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (h *Catalog) getProject(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r)
-	if !ok {
-		return
+// read answers one card, read by get and shown by view.
+func read[C, V any](h *Catalog, get func(context.Context, sqlx.QueryerContext, uuid.UUID) (C, error), view func(C) V) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := pathID(w, r)
+		if !ok {
+			return
+		}
+		c, err := get(r.Context(), h.DB, id)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, view(c))
 	}
-	c, err := boost.GetProjectCard(r.Context(), h.DB, id)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, projectView(c))
-}
-
-func (h *Catalog) getObject(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r)
-	if !ok {
-		return
-	}
-	c, err := boost.GetPropertyObjectCard(r.Context(), h.DB, id)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, objectView(c))
 }
 
 func (h *Catalog) listObjects(w http.ResponseWriter, r *http.Request) {

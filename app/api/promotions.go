@@ -41,30 +41,6 @@ type createRequest struct {
 	EndsAt      *time.Time     `json:"EndsAt"`
 }
 
-// Purchase is the JSON form of a purchase in answers.
-type Purchase struct {
-	Id            uuid.UUID      `json:"Id"`
-	TenantId      uuid.UUID      `json:"TenantId"`
-	PackageKind   string         `json:"PackageKind"`
-	Targets       []event.Target `json:"Targets"`
-	BoostWeight   int            `json:"BoostWeight"`
-	Status        event.Status   `json:"Status"`
-	PaymentStatus string         `json:"PaymentStatus"`
-	StartsAt      time.Time      `json:"StartsAt"`
-	EndsAt        time.Time      `json:"EndsAt"`
-	CreatedAt     time.Time      `json:"CreatedAt"`
-	UpdatedAt     time.Time      `json:"UpdatedAt"`
-	Version       int64          `json:"Version"`
-}
-
-func view(p purchase.Purchase) Purchase {
-	return Purchase{
-		Id: p.ID, TenantId: p.TenantID, PackageKind: p.PackageKind, Targets: p.Targets,
-		BoostWeight: p.BoostWeight, Status: p.Status, PaymentStatus: p.PaymentStatus,
-		StartsAt: p.StartsAt, EndsAt: p.EndsAt, CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt, Version: p.Version,
-	}
-}
-
 func (h *Promotions) create(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
@@ -100,7 +76,7 @@ func (h *Promotions) create(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusOK
 	}
 	w.Header().Set("Location", "/promotions/"+p.ID.String())
-	writeJSON(w, status, view(p))
+	writeJSON(w, status, p)
 }
 
 func (h *Promotions) get(w http.ResponseWriter, r *http.Request) {
@@ -113,7 +89,7 @@ func (h *Promotions) get(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, view(p))
+	writeJSON(w, http.StatusOK, p)
 }
 
 func (h *Promotions) list(w http.ResponseWriter, r *http.Request) {
@@ -136,11 +112,10 @@ func (h *Promotions) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	out := make([]Purchase, len(ps))
-	for i, p := range ps {
-		out[i] = view(p)
+	if ps == nil {
+		ps = []purchase.Purchase{}
 	}
-	writeJSON(w, http.StatusOK, map[string][]Purchase{"items": out})
+	writeJSON(w, http.StatusOK, map[string][]purchase.Purchase{"items": ps})
 }
 
 func (h *Promotions) cancel(w http.ResponseWriter, r *http.Request) {
@@ -157,7 +132,7 @@ func (h *Promotions) cancel(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, view(p))
+	writeJSON(w, http.StatusOK, p)
 }
 
 func (h *Promotions) fail(w http.ResponseWriter, r *http.Request, err error) {

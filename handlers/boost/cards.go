@@ -110,27 +110,24 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 
 // GetProjectCard reads one project card; ErrNotFound when there is none.
 func GetProjectCard(ctx context.Context, q sqlx.QueryerContext, id uuid.UUID) (ProjectCard, error) {
-	var c ProjectCard
-	err := sqlx.GetContext(ctx, q, &c, `SELECT `+projectColumns+` FROM catalog.project_cards WHERE id = $1`, id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return ProjectCard{}, fmt.Errorf("project card %s: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return ProjectCard{}, fmt.Errorf("get project card: %w", err)
-	}
-	return c, nil
+	return getCard[ProjectCard](ctx, q, "project card", `SELECT `+projectColumns+` FROM catalog.project_cards WHERE id = $1`, id)
 }
 
 // GetPropertyObjectCard reads one property-object card; ErrNotFound when
 // there is none.
 func GetPropertyObjectCard(ctx context.Context, q sqlx.QueryerContext, id uuid.UUID) (PropertyObjectCard, error) {
-	var c PropertyObjectCard
-	err := sqlx.GetContext(ctx, q, &c, `SELECT `+objectColumns+` FROM catalog.property_object_cards WHERE id = $1`, id)
+	return getCard[PropertyObjectCard](ctx, q, "property object card",
+		`SELECT `+objectColumns+` FROM catalog.property_object_cards WHERE id = $1`, id)
+}
+
+func getCard[C any](ctx context.Context, q sqlx.QueryerContext, what, query string, id uuid.UUID) (C, error) {
+	var c C
+	err := sqlx.GetContext(ctx, q, &c, query, id)
 	if errors.Is(err, sql.ErrNoRows) {
-		return PropertyObjectCard{}, fmt.Errorf("property object card %s: %w", id, ErrNotFound)
+		return c, fmt.Errorf("%s %s: %w", what, id, ErrNotFound)
 	}
 	if err != nil {
-		return PropertyObjectCard{}, fmt.Errorf("get property object card: %w", err)
+		return c, fmt.Errorf("get %s: %w", what, err)
 	}
 	return c, nil
 }

@@ -40,15 +40,6 @@ type Config struct {
 	DisableWakeup bool
 }
 
-func (c *Config) setDefaults() {
-	c.Interval = cmp.Or(c.Interval, IntervalDefault)
-	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
-	c.MaxDuration = cmp.Or(c.MaxDuration, MaxDurationDefault)
-	c.BatchTimeout = cmp.Or(c.BatchTimeout, BatchTimeoutDefault)
-	c.Topic = cmp.Or(c.Topic, event.Topic)
-	c.WakeupPoll = cmp.Or(c.WakeupPoll, WakeupPollDefault)
-}
-
 // Validate reports every out-of-range setting.
 func (c Config) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -69,4 +60,13 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("expire wake-up poll must be positive"))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *Config) setDefaults() {
+	c.Interval = cmp.Or(c.Interval, IntervalDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.MaxDuration = cmp.Or(c.MaxDuration, MaxDurationDefault)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, BatchTimeoutDefault)
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.WakeupPoll = cmp.Or(c.WakeupPoll, WakeupPollDefault)
 }

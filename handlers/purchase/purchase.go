@@ -32,20 +32,20 @@ var (
 	ErrVersionConflict = errors.New("purchase version conflict")
 )
 
-// Purchase is one promotion purchase.
+// Purchase is one promotion purchase. Its JSON form is the purchase API's answer.
 type Purchase struct {
-	ID            uuid.UUID      `db:"id"`
-	TenantID      uuid.UUID      `db:"tenant_id"`
-	PackageKind   string         `db:"package_kind"`
-	Targets       []event.Target `db:"-"`
-	BoostWeight   int            `db:"boost_weight"`
-	Status        event.Status   `db:"status"`
-	PaymentStatus string         `db:"payment_status"`
-	StartsAt      time.Time      `db:"starts_at"`
-	EndsAt        time.Time      `db:"ends_at"`
-	CreatedAt     time.Time      `db:"created_at"`
-	UpdatedAt     time.Time      `db:"updated_at"`
-	Version       int64          `db:"version"`
+	ID            uuid.UUID      `db:"id" json:"Id"`
+	TenantID      uuid.UUID      `db:"tenant_id" json:"TenantId"`
+	PackageKind   string         `db:"package_kind" json:"PackageKind"`
+	Targets       []event.Target `db:"-" json:"Targets"`
+	BoostWeight   int            `db:"boost_weight" json:"BoostWeight"`
+	Status        event.Status   `db:"status" json:"Status"`
+	PaymentStatus string         `db:"payment_status" json:"PaymentStatus"`
+	StartsAt      time.Time      `db:"starts_at" json:"StartsAt"`
+	EndsAt        time.Time      `db:"ends_at" json:"EndsAt"`
+	CreatedAt     time.Time      `db:"created_at" json:"CreatedAt"`
+	UpdatedAt     time.Time      `db:"updated_at" json:"UpdatedAt"`
+	Version       int64          `db:"version" json:"Version"`
 }
 
 // Draft is what a caller asks to buy.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/handlers/retention"
 )
 
 // Idempotency errors.
@@ -39,14 +40,6 @@ type ServiceConfig struct {
 	Now func() time.Time
 }
 
-func (c *ServiceConfig) setDefaults() {
-	c.Topic = cmp.Or(c.Topic, event.Topic)
-	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, IdempotencyRetentionDefault)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-}
-
 // Validate reports every out-of-range setting.
 func (c ServiceConfig) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -54,6 +47,14 @@ func (c ServiceConfig) Validate() error {
 		return errors.New("idempotency key retention must be positive")
 	}
 	return nil
+}
+
+func (c *ServiceConfig) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, IdempotencyRetentionDefault)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 }
 
 // Service runs the purchase use cases of the API. Each call is one transaction;
@@ -223,26 +224,9 @@ func requestHash(d Draft) ([]byte, error) {
 	return sum[:], nil
 }
 
-// cleanupBatch bounds one DELETE of a cleanup, so that a large backlog never
-// holds one long transaction.
-const cleanupBatch = 10_000
-
 // CleanupIdempotencyKeys deletes the keys older than retention, so that
 // promotion.idempotency_keys does not grow without bound. An expired key is
 // free for a new purchase even before it is deleted.
-func CleanupIdempotencyKeys(ctx context.Context, db *sqlx.DB, retention time.Duration) (int64, error) {
-	var total int64
-	for {
-		res, err := db.ExecContext(ctx, `DELETE FROM promotion.idempotency_keys WHERE ctid = ANY(ARRAY(
-			SELECT ctid FROM promotion.idempotency_keys WHERE created_at < now() - make_interval(secs => $1) LIMIT $2))`,
-			retention.Seconds(), cleanupBatch)
-		if err != nil {
-			return total, fmt.Errorf("clean idempotency keys: %w", err)
-		}
-		n, err := res.RowsAffected()
-		total += n
-		if err != nil || n < cleanupBatch {
-			return total, err
-		}
-	}
+func CleanupIdempotencyKeys(ctx context.Context, db *sqlx.DB, keep time.Duration) (int64, error) {
+	return retention.Delete(ctx, db, "promotion.idempotency_keys", "created_at", keep)
 }

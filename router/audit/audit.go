@@ -46,13 +46,6 @@ type Config struct {
 	Log *slog.Logger
 }
 
-func (c *Config) setDefaults() {
-	c.Topic = cmp.Or(c.Topic, event.Topic)
-	c.Samples = cmp.Or(c.Samples, SamplesDefault)
-	c.RepairBatch = cmp.Or(c.RepairBatch, RepairBatchDefault)
-	c.Log = cmp.Or(c.Log, slog.Default())
-}
-
 // Validate reports every missing or out-of-range setting.
 func (c Config) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -64,6 +57,13 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("audit: samples and repair batch must be >= 1"))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *Config) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.Samples = cmp.Or(c.Samples, SamplesDefault)
+	c.RepairBatch = cmp.Or(c.RepairBatch, RepairBatchDefault)
+	c.Log = cmp.Or(c.Log, slog.Default())
 }
 
 // Auditor checks and repairs the projection.

@@ -63,21 +63,6 @@ type Config struct {
 	Log *slog.Logger
 }
 
-func (c *Config) setDefaults() {
-	c.DLQTopic = cmp.Or(c.DLQTopic, middleware.DLQTopicDefault)
-	c.ReplayTopic = cmp.Or(c.ReplayTopic, ReplayTopicDefault)
-	c.SourceTopic = cmp.Or(c.SourceTopic, event.Topic)
-	c.MaxReplays = cmp.Or(c.MaxReplays, MaxReplaysDefault)
-	c.Log = cmp.Or(c.Log, slog.Default())
-	if c.Group == "" {
-		c.Group = GroupPrefix
-		if f := c.Reason + "\x00" + c.ErrorCode + "\x00" + c.ID; f != "\x00\x00" {
-			sum := sha1.Sum([]byte(f))
-			c.Group += "-" + hex.EncodeToString(sum[:4])
-		}
-	}
-}
-
 // Validate reports every bad setting.
 func (c Config) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -101,6 +86,21 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("the replay topic must differ from the source topic %s: every consumer group of it would get the replays", c.SourceTopic))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *Config) setDefaults() {
+	c.DLQTopic = cmp.Or(c.DLQTopic, middleware.DLQTopicDefault)
+	c.ReplayTopic = cmp.Or(c.ReplayTopic, ReplayTopicDefault)
+	c.SourceTopic = cmp.Or(c.SourceTopic, event.Topic)
+	c.MaxReplays = cmp.Or(c.MaxReplays, MaxReplaysDefault)
+	c.Log = cmp.Or(c.Log, slog.Default())
+	if c.Group == "" {
+		c.Group = GroupPrefix
+		if f := c.Reason + "\x00" + c.ErrorCode + "\x00" + c.ID; f != "\x00\x00" {
+			sum := sha1.Sum([]byte(f))
+			c.Group += "-" + hex.EncodeToString(sum[:4])
+		}
+	}
 }
 
 // verdict is what the replay does with one dead letter.

@@ -40,13 +40,6 @@ type Config struct {
 	StaleAfter time.Duration
 }
 
-func (c *Config) setDefaults() {
-	c.Topic = cmp.Or(c.Topic, event.Topic)
-	c.Log = cmp.Or(c.Log, slog.Default())
-	c.StatusEvery = cmp.Or(c.StatusEvery, StatusEveryDefault)
-	c.StaleAfter = cmp.Or(c.StaleAfter, StaleAfterDefault)
-}
-
 // Validate reports every missing or out-of-range setting.
 func (c Config) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
@@ -64,4 +57,11 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("rebuild: status interval must be positive and below the stale limit"))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *Config) setDefaults() {
+	c.Topic = cmp.Or(c.Topic, event.Topic)
+	c.Log = cmp.Or(c.Log, slog.Default())
+	c.StatusEvery = cmp.Or(c.StatusEvery, StatusEveryDefault)
+	c.StaleAfter = cmp.Or(c.StaleAfter, StaleAfterDefault)
 }

@@ -4,9 +4,9 @@
 package kafkatest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
+	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,26 +17,17 @@ import (
 	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
-func mustEnv(t testing.TB, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		t.Fatalf("$%s is not set: run the tests with scripts/test.sh, which starts PostgreSQL and Kafka", name)
-	}
-	return v
-}
+// RandomSuffix is a short random string for topic and group names.
+func RandomSuffix() string { return strconv.FormatUint(rand.Uint64(), 36) }
 
-// RandomSuffix is a short random hex string for names.
-func RandomSuffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// Brokers are the Kafka bootstrap servers.
+// Brokers are the Kafka bootstrap servers of $KAFKA_BROKERS.
 func Brokers(t testing.TB) []string {
 	t.Helper()
-	return strings.Split(mustEnv(t, "KAFKA_BROKERS"), ",")
+	brokers := os.Getenv("KAFKA_BROKERS")
+	if brokers == "" {
+		t.Fatal("$KAFKA_BROKERS is not set: run the tests with scripts/test.sh, which starts Kafka")
+	}
+	return strings.Split(brokers, ",")
 }
 
 // Topic creates a topic of the test's own with the given partitions and the
