@@ -53,7 +53,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 			// Poison: left Active for the next cycle, never retried in this one,
 			// so it cannot starve healthy rows behind it.
 			poison[r.ID] = true
-			log.Error("item failed", "PurchaseId", r.ID, "error", err.Error())
+			log.Error("item failed", "PurchaseId", r.ID, "exception", err.Error())
 			continue
 		}
 		due = append(due, p)
@@ -69,7 +69,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	}
 	for _, f := range failed {
 		poison[f.id] = true
-		log.Error("item failed", "PurchaseId", f.id, "error", f.err.Error())
+		log.Error("item failed", "PurchaseId", f.id, "exception", f.err.Error())
 	}
 	b.poison += len(failed)
 	msgs := make([]*message.Message, 0, len(expired))

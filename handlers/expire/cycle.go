@@ -67,9 +67,9 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 		}
 	}
 	res.Duration = time.Since(start)
-	log.Info("cycle completed", "ExpiredCount", res.ExpiredCount, "PoisonCount", res.PoisonCount,
-		"SkippedLockedCount", res.SkippedLockedCount, "Backlog", res.Backlog, "Batches", res.Batches,
-		"DurationMs", res.Duration.Milliseconds(), "Interrupted", res.Interrupted)
+	log.Info("cycle completed", "ExpiredCount", res.ExpiredCount, "poisonCount", res.PoisonCount,
+		"SkippedLockedCount", res.SkippedLockedCount, "backlog", res.Backlog, "batches", res.Batches,
+		"DurationMs", res.Duration.Milliseconds(), "interrupted", res.Interrupted)
 	return res, nil
 }
 

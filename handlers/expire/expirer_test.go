@@ -168,7 +168,7 @@ func TestExpirer_RowWithFailingSQLIsPoisonAndDoesNotStarve(t *testing.T) {
 	failed := b.logs.Find(slog.LevelError, "item failed")
 	require.Len(t, failed, 3)
 	for _, f := range failed {
-		require.Contains(t, f["error"], "out of range")
+		require.Contains(t, f["exception"], "out of range")
 	}
 	require.Len(t, purchasetest.OutboxEvents(t, b.db), 5, "no event for a poison row")
 
