@@ -30,11 +30,16 @@ func (c *catalogConfig) register(s *settings) {
 	s.str(&c.Consumer.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
 	s.str(&c.Consumer.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
 	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
+	c.registerTimings(s)
+	c.Topics.register(s)
+}
+
+// registerTimings binds the consumer's backoff, retention and audit settings.
+func (c *catalogConfig) registerTimings(s *settings) {
 	s.dur(&c.Consumer.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", middleware.RetryInitialIntervalDefault, "first backoff after an infrastructure error")
 	s.dur(&c.Consumer.RetryMax, "retry-max", "CATALOG_RETRY_MAX", middleware.RetryMaxIntervalDefault, "largest backoff after infrastructure errors")
 	s.dur(&c.Consumer.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", router.DedupRetentionDefault, "how long dedup keys are kept")
 	s.dur(&c.Consumer.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", router.AuditIntervalDefault, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
-	c.Topics.register(s)
 }
 
 func (c catalogConfig) validate() error {
@@ -48,28 +53,18 @@ func (c catalogConfig) validate() error {
 
 func runCatalog(ctx context.Context, args []string) error {
 	var cfg catalogConfig
-	s := newSettings("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.")
-	cfg.register(s)
-	if err := s.parse(args); err != nil {
-		return err
-	}
-	if err := cfg.validate(); err != nil {
+	if err := parseCommand("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
 		return err
 	}
 	return startCatalog(ctx, cfg, newLogger(cfg.LogLevel, "catalog"))
 }
 
 func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {
-	stopTracing, err := setupTracing(ctx, "catalog")
+	db, closeProcess, err := openProcess(ctx, "catalog", cfg.commonConfig, log)
 	if err != nil {
 		return err
 	}
-	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort flush at exit
-	db, err := openDB(ctx, cfg.commonConfig, log)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
+	defer closeProcess()
 	brokers := splitList(cfg.KafkaBrokers)
 	cfg.Consumer.Brokers = brokers
 	if err := cfg.Topics.ensure(brokers, log, cfg.Consumer.Topic, cfg.Consumer.ReplayTopic, cfg.Consumer.DLQTopic); err != nil {

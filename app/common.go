@@ -126,6 +126,24 @@ func openDB(ctx context.Context, c commonConfig, log *slog.Logger) (*sqlx.DB, er
 	return db, nil
 }
 
+// openProcess sets up a long-running process: tracing from OTEL_* variables
+// and its database (migrated when asked). close undoes both.
+func openProcess(ctx context.Context, name string, c commonConfig, log *slog.Logger) (db *sqlx.DB, close func(), err error) {
+	stopTracing, err := setupTracing(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err = openDB(ctx, c, log)
+	if err != nil {
+		_ = stopTracing(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return db, func() {
+		db.Close()
+		_ = stopTracing(context.WithoutCancel(ctx)) // best effort flush at exit
+	}, nil
+}
+
 // topicConfig is how a process creates the topics it uses.
 type topicConfig struct {
 	Partitions  int

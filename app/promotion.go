@@ -65,33 +65,22 @@ func (c promotionConfig) validate() error {
 
 func runPromotion(ctx context.Context, args []string) error {
 	var cfg promotionConfig
-	s := newSettings("promotion", "Runs the promotion context: the purchase API, the expirer and the outbox relay.")
-	cfg.register(s)
-	if err := s.parse(args); err != nil {
-		return err
-	}
-	if err := cfg.validate(); err != nil {
+	if err := parseCommand("promotion", "Runs the promotion context: the purchase API, the expirer and the outbox relay.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
 		return err
 	}
 	return startPromotion(ctx, cfg, newLogger(cfg.LogLevel, "promotion"))
 }
 
 func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {
-	stopTracing, err := setupTracing(ctx, "promotion")
-	if err != nil {
-		return err
-	}
-	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort flush at exit
 	tokens, _ := api.ParseTokens(cfg.APITokens)
 	if len(tokens) == 0 {
 		log.Warn("no API tokens configured: every purchase API call answers 401")
 	}
-
-	db, err := openDB(ctx, cfg.commonConfig, log)
+	db, closeProcess, err := openProcess(ctx, "promotion", cfg.commonConfig, log)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer closeProcess()
 	cfg.wire()
 	if err := cfg.Topics.ensure(cfg.Relay.Brokers, log, cfg.Topic); err != nil {
 		return err

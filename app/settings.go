@@ -125,3 +125,14 @@ func flagGiven(s *settings, name string) bool {
 	s.fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
 	return given
 }
+
+// parseCommand registers a command's settings, parses args onto them and
+// validates the result.
+func parseCommand(name, summary string, args []string, register func(*settings), validate func() error) error {
+	s := newSettings(name, summary)
+	register(s)
+	if err := s.parse(args); err != nil {
+		return err
+	}
+	return validate()
+}

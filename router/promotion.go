@@ -62,8 +62,12 @@ func (c PromotionConfig) Validate() error {
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("kafka brokers are required"))
 	}
-	if c.JanitorInterval <= 0 || c.OutboxPollInterval <= 0 || c.KeyJanitorInterval <= 0 || c.IdempotencyRetention <= 0 {
-		errs = append(errs, errors.New("intervals must be positive"))
+	for name, d := range map[string]time.Duration{"outbox janitor interval": c.JanitorInterval,
+		"outbox poll interval": c.OutboxPollInterval, "idempotency key janitor interval": c.KeyJanitorInterval,
+		"idempotency key retention": c.IdempotencyRetention} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive", name))
+		}
 	}
 	if c.OutboxBatchSize < 1 {
 		errs = append(errs, errors.New("outbox batch size must be >= 1"))

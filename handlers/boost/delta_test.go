@@ -14,7 +14,6 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 var seedFlag = flag.Uint64("boost.seed", 0, "seed of TestConsumer_DeltaEqualsRecompute; 0 picks a new one")
@@ -192,7 +191,7 @@ func TestConsumer_DeltaEqualsRecompute(t *testing.T) {
 // two advisory locks (purchase, project), well within PostgreSQL's default
 // lock table, where one lock per object failed with 53200.
 func TestConsumer_ProjectWithFortyThousandObjectsOnDefaultLockTable(t *testing.T) {
-	b := bundle{db: pgtest.DB(t)} // not parallel: it measures time
+	b := setupAlone(t) // not parallel: it measures time
 	ctx := context.Background()
 	const objects, weight = 40_000, 7
 

@@ -22,6 +22,12 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	t.Parallel()
+	return setupAlone(t)
+}
+
+// setupAlone is setup for a test that must not run in parallel (it measures time).
+func setupAlone(t *testing.T) bundle {
+	t.Helper()
 	return bundle{db: pgtest.DB(t)}
 }
 

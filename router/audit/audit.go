@@ -27,21 +27,16 @@ const (
 	RepairBatchDefault = 500
 )
 
-// Config configures an Auditor.
+// Config configures an Auditor. The card check needs DB alone; the replica
+// check also reads Topic through Brokers and needs ConsumerGroup.
 type Config struct {
-	// DB is the catalog database. Required.
-	DB *sqlx.DB
-	// Brokers are the Kafka bootstrap servers; required for the replica check only.
-	Brokers []string
-	// Topic is the purchase topic. Defaults to event.Topic.
-	Topic string
-	// ConsumerGroup is the catalog consumer's group: records it has not
-	// consumed yet are pending, not drift. Required for the replica check.
-	ConsumerGroup string
-	// Samples is how many drifted ids a report names. Defaults to 10.
-	Samples int
-	// RepairBatch is how many cards one repair transaction takes. Defaults to 500.
-	RepairBatch int
+	DB            *sqlx.DB
+	Brokers       []string
+	Topic         string // defaults to event.Topic
+	ConsumerGroup string // the catalog consumer's: records it has not consumed yet are pending, not drift
+	// Samples is how many drifted ids a report names (SamplesDefault), and
+	// RepairBatch how many cards one repair transaction takes (RepairBatchDefault).
+	Samples, RepairBatch int
 	// Log receives the audit's records. Defaults to slog.Default().
 	Log *slog.Logger
 }
