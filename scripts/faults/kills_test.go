@@ -15,11 +15,19 @@ import (
 // end at once; each must expire exactly once, with one event.
 func threeExpirers(t *testing.T, e *env) int {
 	n := size(2000, 10000)
-	ids := e.createMany(n, time.Now().Add(4*time.Second), 16)
+	// They all end at one instant, after the last of them was created.
+	endsAt := time.Now().Add(time.Duration(n/300+5) * time.Second)
+	ids := e.createMany(n, endsAt, 16)
 	if len(ids) != n {
 		e.violate("created %d of %d purchases", len(ids), n)
 	}
+	time.Sleep(time.Until(endsAt))
 	e.waitExpired(2 * time.Minute)
+	var expired int
+	must(t, e.db.Get(&expired, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Expired'`))
+	if expired != len(ids) {
+		e.violate("%d of %d purchases expired", expired, len(ids))
+	}
 	return 2 * len(ids)
 }
 
