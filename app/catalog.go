@@ -42,15 +42,6 @@ func (c *catalogConfig) registerTimings(s *settings) {
 	s.dur(&c.Consumer.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", router.AuditIntervalDefault, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
 }
 
-func (c catalogConfig) validate() error {
-	c.Consumer.Brokers = splitList(c.KafkaBrokers)
-	errs := []error{c.commonConfig.validate(), c.Topics.validate()}
-	if len(c.Consumer.Brokers) > 0 {
-		errs = append(errs, c.Consumer.Validate())
-	}
-	return errors.Join(errs...)
-}
-
 func runCatalog(ctx context.Context, args []string) error {
 	var cfg catalogConfig
 	if err := parseCommand("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
@@ -90,4 +81,13 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, api.JSONErrors(mux), log) },
 		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil },
 	)
+}
+
+func (c catalogConfig) validate() error {
+	c.Consumer.Brokers = splitList(c.KafkaBrokers)
+	errs := []error{c.commonConfig.validate(), c.Topics.validate()}
+	if len(c.Consumer.Brokers) > 0 {
+		errs = append(errs, c.Consumer.Validate())
+	}
+	return errors.Join(errs...)
 }

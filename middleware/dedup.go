@@ -44,11 +44,6 @@ func (c DedupConfig) Validate() error {
 	return nil
 }
 
-func (c *DedupConfig) setDefaults() {
-	c.KeyPrefix = cmp.Or(c.KeyPrefix, DedupKeyPrefixDefault)
-	c.Logger = cmp.Or(c.Logger, slog.Default())
-}
-
 // Dedup skips a message whose key is already in catalog.processed_messages and
 // otherwise stores the key, both in the unit of work's transaction, so the mark
 // commits or rolls back with the handler's state change. It must run inside
@@ -93,6 +88,11 @@ func Dedup(cfg DedupConfig) (message.HandlerMiddleware, error) {
 			return h(msg)
 		}
 	}, nil
+}
+
+func (c *DedupConfig) setDefaults() {
+	c.KeyPrefix = cmp.Or(c.KeyPrefix, DedupKeyPrefixDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 }
 
 // ResetDedupTx forgets every dedup key with prefix, in tx: a projection

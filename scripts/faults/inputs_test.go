@@ -27,9 +27,7 @@ import (
 // manager's cancel right then; one side wins each race, with one terminal
 // transition and one terminal event.
 func cancelsRaceExpirer(t *testing.T, e *env) int {
-	n := size(300, 1000)
-	endsAt := time.Now().Add(time.Duration(n/100+6) * time.Second)
-	ids := e.createMany(n, endsAt, 16)
+	ids, endsAt := e.burst(size(300, 1000), 100)
 	time.Sleep(time.Until(endsAt.Add(-200 * time.Millisecond)))
 	tr := &traffic{e: e, client: &http.Client{Timeout: 30 * time.Second}}
 	var ok, conflict atomic.Int64

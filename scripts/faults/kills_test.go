@@ -15,9 +15,7 @@ import (
 // end at once; each must expire exactly once, with one event.
 func threeExpirers(t *testing.T, e *env) int {
 	n := size(2000, 10000)
-	// They all end at one instant, after the last of them was created.
-	endsAt := time.Now().Add(time.Duration(n/300+5) * time.Second)
-	ids := e.createMany(n, endsAt, 16)
+	ids, endsAt := e.burst(n, 300)
 	if len(ids) != n {
 		e.violate("created %d of %d purchases", len(ids), n)
 	}
@@ -44,8 +42,7 @@ func (e *env) waitExpired(timeout time.Duration) {
 // of two going away is not a page.
 func killMidBatch(t *testing.T, e *env) int {
 	n := size(3000, 10000)
-	endsAt := time.Now().Add(time.Duration(n/300+5) * time.Second)
-	ids := e.createMany(n, endsAt, 16)
+	ids, endsAt := e.burst(n, 300)
 	time.Sleep(time.Until(endsAt))
 	victim := e.promotions[0]
 	// Mid batch: the victim's session is inside a transaction on the

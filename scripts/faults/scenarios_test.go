@@ -121,3 +121,10 @@ func (e *env) createMany(n int, endsAt time.Time, workers int) map[string]string
 	wg.Wait()
 	return out
 }
+
+// burst makes n purchases through the API that all end at one instant, a few
+// seconds after the last of them is created (at about perSecond a second).
+func (e *env) burst(n, perSecond int) (map[string]string, time.Time) {
+	endsAt := time.Now().Add(time.Duration(n/perSecond+5) * time.Second)
+	return e.createMany(n, endsAt, 16), endsAt
+}
