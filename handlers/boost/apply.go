@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -39,54 +40,120 @@ type Outcome struct {
 }
 
 // Apply upserts the contributions of one validated event and adds the change
-// of their weight to the boost of every card they address, in tx.
+// of their weight to the boost of every card they address, in tx. It is
+// ApplyBatch with a batch of one.
+func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome, error) {
+	return first(applyBatch(ctx, plain(tx), []event.PurchaseChanged{ev}))
+}
+
+// ApplyBatch applies validated events of distinct purchases together in tx and
+// returns one Outcome per event, in order.
 //
 // A project card's boost is the sum of the active {Project, card.id}
 // contributions. A property-object card's boost is the sum of the active
 // {PropertyObject, card.id} contributions plus, while the card is published,
 // the active {Project, card.project_id} ones: a Project target cascades to its
-// project's published objects only. Apply keeps these sums by deltas: a
+// project's published objects only. ApplyBatch keeps these sums by deltas: a
 // contribution whose state changes adds new − old (weight while active, else
-// 0) to the cards it addresses: one statement after the target locks,
-// whatever the number of contributions behind a card. A card that does not
-// exist yet is not an error; its contribution is kept and the card's upsert
-// sums it.
-func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome, error) {
-	return apply(ctx, plain(tx), ev)
+// 0) to the cards it addresses. The deltas of the whole batch are summed per
+// card and written by one statement after one lock statement, whatever the
+// number of events, contributions or cards. A card that does not exist yet is
+// not an error; its contribution is kept and the card's upsert sums it.
+//
+// Two events of one purchase must not share a batch: each is guarded against
+// the purchase's stored version as it was before the batch.
+func ApplyBatch(ctx context.Context, tx *sqlx.Tx, evs []event.PurchaseChanged) ([]Outcome, error) {
+	return applyBatch(ctx, plain(tx), evs)
 }
 
-func apply(ctx context.Context, q querier, ev event.PurchaseChanged) (Outcome, error) {
-	projects, objects := splitTargets(ev.Targets)
-	if len(projects)+len(objects) == 0 {
-		return Outcome{PostOnly: true}, nil
+func applyBatch(ctx context.Context, q querier, evs []event.PurchaseChanged) ([]Outcome, error) {
+	outs := make([]Outcome, len(evs))
+	var in batchInput
+	var l locks
+	for i, ev := range evs {
+		projects, objects := splitTargets(ev.Targets)
+		if len(projects)+len(objects) == 0 {
+			outs[i] = Outcome{PostOnly: true}
+			continue
+		}
+		outs[i].Contributions = len(projects) + len(objects)
+		in.add(i, ev, projects, objects)
+		l.Purchases = append(l.Purchases, ev.PurchaseId.String())
+		l.Projects, l.Objects = append(l.Projects, projects...), append(l.Objects, objects...)
+	}
+	if len(in.purchases) == 0 {
+		return outs, nil
 	}
 	// Before any read; see lock.go for the order and the races it closes.
-	err := lock(ctx, q, locks{Purchase: ev.PurchaseId.String(), Projects: projects, Objects: objects, Shared: true})
+	l.Shared = true
+	if err := lock(ctx, q, l); err != nil {
+		return nil, err
+	}
+	var res struct {
+		Stored pq.Int64Array `db:"stored"`
+		Cards  pq.Int64Array `db:"cards"`
+	}
+	if err := q.get(ctx, &res, applySQL, in.args()...); err != nil {
+		return nil, wrap("apply contributions", err)
+	}
+	if len(res.Stored) != len(in.index) || len(res.Cards) != len(in.index) {
+		return nil, fmt.Errorf("apply contributions: %d results for %d events", len(res.Stored), len(in.index))
+	}
+	for k, i := range in.index {
+		if evs[i].Version < res.Stored[k] {
+			outs[i] = Outcome{Stale: true}
+			continue
+		}
+		outs[i].CardsRecomputed = int(res.Cards[k])
+	}
+	return outs, nil
+}
+
+// first is the one Outcome of a batch of one.
+func first(outs []Outcome, err error) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
+	return outs[0], nil
+}
 
-	kinds := make([]string, 0, len(projects)+len(objects))
-	ids := make([]string, 0, len(projects)+len(objects))
-	for _, id := range projects {
-		kinds, ids = append(kinds, string(event.TargetProject)), append(ids, id)
+// batchInput is applySQL's arguments: one entry per event with card targets
+// (index maps it back to the caller's slice) and one per target, pointing at
+// its event by 1-based position.
+type batchInput struct {
+	index                  []int
+	purchases              []string
+	weights                []int64
+	statuses               []string
+	versions               []int64
+	active                 []bool
+	endsAt                 []string
+	targetEvent            []int64
+	targetKinds, targetIDs []string
+}
+
+func (b *batchInput) add(i int, ev event.PurchaseChanged, projects, objects []string) {
+	b.index = append(b.index, i)
+	b.purchases = append(b.purchases, ev.PurchaseId.String())
+	b.weights = append(b.weights, int64(ev.BoostWeight))
+	b.statuses = append(b.statuses, string(ev.Status))
+	b.versions = append(b.versions, ev.Version)
+	b.active = append(b.active, ev.Status == event.StatusActive)
+	b.endsAt = append(b.endsAt, ev.EndsAt.Format(time.RFC3339Nano))
+	pos := int64(len(b.index))
+	add := func(kind event.TargetKind, ids []string) {
+		for _, id := range ids {
+			b.targetEvent = append(b.targetEvent, pos)
+			b.targetKinds, b.targetIDs = append(b.targetKinds, string(kind)), append(b.targetIDs, id)
+		}
 	}
-	for _, id := range objects {
-		kinds, ids = append(kinds, string(event.TargetPropertyObject)), append(ids, id)
-	}
-	var res struct {
-		Stored int64 `db:"stored"`
-		Cards  int   `db:"cards"`
-	}
-	err = q.get(ctx, &res, applySQL, ev.PurchaseId, pq.Array(kinds), pq.Array(ids), ev.BoostWeight,
-		string(ev.Status), ev.Version, ev.Status == event.StatusActive, ev.EndsAt)
-	if err != nil {
-		return Outcome{}, wrap("apply contributions", err)
-	}
-	if ev.Version < res.Stored {
-		return Outcome{Stale: true}, nil
-	}
-	return Outcome{Contributions: len(projects) + len(objects), CardsRecomputed: res.Cards}, nil
+	add(event.TargetProject, projects)
+	add(event.TargetPropertyObject, objects)
+}
+
+func (b *batchInput) args() []any {
+	return []any{pq.Array(b.purchases), pq.Array(b.weights), pq.Array(b.statuses), pq.Array(b.versions),
+		pq.Array(b.active), pq.Array(b.endsAt), pq.Array(b.targetEvent), pq.Array(b.targetKinds), pq.Array(b.targetIDs)}
 }
 
 // splitTargets returns the distinct Project and PropertyObject target ids as
@@ -108,48 +175,59 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 	return projects, objects
 }
 
-// applySQL upserts the contributions of purchase $1 (targets $2 kinds, $3
-// ids) and applies their deltas to the cards, and returns the purchase's
-// stored version as it was before (0 when none) and how many cards it wrote.
+// applySQL upserts the contributions of a batch of events of distinct
+// purchases ($1..$6 one entry per event; $7..$9 one per target, $7 the
+// event's 1-based position) and applies their summed deltas to the cards. It
+// returns, per event in order, the purchase's stored version as it was before
+// (0 when none) and how many of the written cards its own deltas addressed.
 //
-//   - old: the purchase's contributions before the event. The purchase lock
-//     is held, so no other event changes them before "written" does (ResetTx
-//     holds the table, and this statement waits before its snapshot).
+//   - old: the purchases' contributions before the batch. The purchase locks
+//     are held, so no other event changes them before "written" does
+//     (ResetTx holds the table, and this statement waits before its snapshot).
 //   - written: the version guard per purchase (a stale event writes nothing)
 //     and per row; a duplicate (same version and values) writes nothing.
-//   - delta: new − old active weight of each written target, zeros left out.
+//   - changed: new − old active weight of each written target, zeros left
+//     out; delta sums them per target over the batch.
 //   - project_rows, object_rows: the cards to change, locked in id order
 //     (lock.go), project cards first (object_rows waits for "projects"). An
 //     object's delta is its own target's plus, while published, its
 //     project's. FOR NO KEY UPDATE re-reads a row that a card upsert changed
 //     after this statement's snapshot, with its new project_id and published.
-//   - projects, objects: the writes, cards with a zero delta left out. The
+//   - projects, objects: the writes, cards with a zero sum left out. The
 //     "= ANY(array)" conditions let both reads and writes use the indexes
 //     (primary keys and the project index).
 //
 // Nothing here writes a card's status, visibility or prices (INV-1).
-const applySQL = `WITH old AS (
-	SELECT target_kind, target_id, version, CASE WHEN active THEN boost_weight ELSE 0 END AS weight
-	FROM catalog.promotion_contributions WHERE purchase_id = $1::uuid
+const applySQL = `WITH ev AS (
+	SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::bigint[], $5::boolean[], $6::timestamptz[])
+		WITH ORDINALITY AS e(purchase_id, weight, status, version, active, ends_at, i)
+), old AS (
+	SELECT purchase_id, target_kind, target_id, version, CASE WHEN active THEN boost_weight ELSE 0 END AS weight
+	FROM catalog.promotion_contributions WHERE purchase_id = ANY($1::uuid[])
 ), stored AS (
-	SELECT coalesce(max(version), 0) AS version FROM old
+	SELECT e.i, e.purchase_id, coalesce((SELECT max(o.version) FROM old o WHERE o.purchase_id = e.purchase_id), 0) AS version
+	FROM ev e
 ), written AS (
 	INSERT INTO catalog.promotion_contributions AS c
 		(purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
-	SELECT $1::uuid, t.kind, t.id, $4::integer, $5::text, $6::bigint, $7::boolean, $8::timestamptz, now()
-	FROM unnest($2::text[], $3::uuid[]) AS t(kind, id), stored
-	WHERE $6::bigint >= stored.version
+	SELECT e.purchase_id, t.kind, t.id, e.weight, e.status, e.version, e.active, e.ends_at, now()
+	FROM unnest($7::bigint[], $8::text[], $9::uuid[]) AS t(i, kind, id)
+		JOIN ev e ON e.i = t.i JOIN stored s ON s.i = t.i
+	WHERE e.version >= s.version
 	ON CONFLICT (purchase_id, target_kind, target_id) DO UPDATE SET
 		boost_weight = excluded.boost_weight, status = excluded.status, version = excluded.version,
 		active = excluded.active, ends_at = excluded.ends_at, updated_at = excluded.updated_at
 	WHERE c.version <= excluded.version
 		AND (c.boost_weight, c.status, c.version, c.ends_at)
 			IS DISTINCT FROM (excluded.boost_weight, excluded.status, excluded.version, excluded.ends_at)
-	RETURNING c.target_kind, c.target_id, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight
-), delta AS (
-	SELECT w.target_kind AS kind, w.target_id AS id, w.weight - coalesce(o.weight, 0) AS d
-	FROM written w LEFT JOIN old o ON o.target_kind = w.target_kind AND o.target_id = w.target_id
+	RETURNING c.purchase_id, c.target_kind, c.target_id, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight
+), changed AS (
+	SELECT w.purchase_id, w.target_kind AS kind, w.target_id AS id, w.weight - coalesce(o.weight, 0) AS d
+	FROM written w LEFT JOIN old o
+		ON o.purchase_id = w.purchase_id AND o.target_kind = w.target_kind AND o.target_id = w.target_id
 	WHERE w.weight <> coalesce(o.weight, 0)
+), delta AS (
+	SELECT kind, id, sum(d)::integer AS d FROM changed GROUP BY kind, id
 ), targets AS (
 	SELECT array_agg(id) FILTER (WHERE kind = 'Project') AS projects,
 		array_agg(id) FILTER (WHERE kind = 'PropertyObject') AS objects
@@ -162,10 +240,11 @@ const applySQL = `WITH old AS (
 ), projects AS (
 	UPDATE catalog.project_cards p SET promotion_boost = p.promotion_boost + r.d, updated_at = now()
 	FROM project_rows r
-	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[]) AND p.id = r.id
-	RETURNING 1
+	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[]) AND p.id = r.id AND r.d <> 0
+	RETURNING p.id
 ), object_rows AS (
-	SELECT o.id, coalesce((SELECT d FROM delta WHERE kind = 'PropertyObject' AND id = o.id), 0)
+	SELECT o.id, o.project_id, o.published,
+		coalesce((SELECT d FROM delta WHERE kind = 'PropertyObject' AND id = o.id), 0)
 		+ CASE WHEN o.published
 			THEN coalesce((SELECT d FROM delta WHERE kind = 'Project' AND id = o.project_id), 0)
 			ELSE 0 END AS d
@@ -180,10 +259,17 @@ const applySQL = `WITH old AS (
 	WHERE (o.id = ANY((SELECT objects FROM targets)::uuid[])
 			OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[])))
 		AND o.id = r.id AND r.d <> 0
-	RETURNING 1
+	RETURNING o.id, r.project_id, r.published
+), addressed AS (
+	SELECT c.purchase_id, p.id FROM changed c JOIN projects p ON c.kind = 'Project' AND p.id = c.id
+	UNION ALL
+	SELECT DISTINCT c.purchase_id, o.id FROM changed c JOIN objects o
+		ON (c.kind = 'PropertyObject' AND o.id = c.id) OR (c.kind = 'Project' AND o.published AND o.project_id = c.id)
+), per_purchase AS (
+	SELECT purchase_id, count(*) AS cards FROM addressed GROUP BY purchase_id
 )
-SELECT (SELECT version FROM stored) AS stored,
-	(SELECT count(*) FROM projects) + (SELECT count(*) FROM objects) AS cards`
+SELECT array_agg(s.version ORDER BY s.i) AS stored, array_agg(coalesce(pp.cards, 0) ORDER BY s.i) AS cards
+FROM stored s LEFT JOIN per_purchase pp ON pp.purchase_id = s.purchase_id`
 
 // wrap adds context to a database error and classifies as ErrConflict the
 // errors that a rollback and an immediate retry can clear: serialization

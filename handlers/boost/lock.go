@@ -13,8 +13,8 @@ import (
 // Lock order, the same in every transaction that writes a boost:
 //
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
-//     the purchase (exclusive), then projects, then property objects;
-//  2. card rows, inside Apply's statement: project cards sorted by id, then
+//     the purchases (exclusive), then projects, then property objects;
+//  2. card rows, inside ApplyBatch's statement: project cards sorted by id, then
 //     property-object cards sorted by id (ORDER BY id FOR NO KEY UPDATE).
 //
 // A transaction waits only for a lock that comes later in this order than
@@ -22,10 +22,10 @@ import (
 //
 // Who takes what, and why:
 //
-//   - Apply: the purchase exclusive, so that the events of one purchase run
-//     one at a time and the contribution rows its statement reads as "old"
-//     are the ones it replaces; each Project and PropertyObject target
-//     shared. Events of different purchases add deltas, which commute: they
+//   - ApplyBatch: every purchase of the batch exclusive, so that the events
+//     of one purchase run one at a time and the contribution rows its
+//     statement reads as "old" are the ones it replaces; each Project and
+//     PropertyObject target shared. Events of different purchases add deltas, which commute: they
 //     share the target locks and queue only on the rows of the cards they
 //     both change (x = x + d under a row lock).
 //   - UpsertProjectCardTx: its project exclusive. UpsertPropertyObjectCardTx:
@@ -34,7 +34,7 @@ import (
 //     the upsert's sum would miss the event's contribution, or the event's
 //     cascade would miss the card (a new published object is a phantom to a
 //     snapshot taken before it was inserted). Whichever takes the target's
-//     lock second waits for the first one's commit and, because Apply and
+//     lock second waits for the first one's commit and, because ApplyBatch and
 //     the upserts read only in statements after their lock statement (READ
 //     COMMITTED takes a new snapshot per statement), sees its rows.
 //   - An object that leaves a project (moved or unpublished) needs no lock on
@@ -72,8 +72,8 @@ const lockSQL = `SELECT CASE WHEN g <> 0 AND $3::boolean THEN pg_advisory_xact_l
 // locks names the advisory locks one transaction takes (ids in
 // uuid.UUID.String form, as PostgreSQL prints them).
 type locks struct {
-	// Purchase is locked exclusive when not empty.
-	Purchase string
+	// Purchases are locked exclusive.
+	Purchases []string
 	// Projects and Objects are the targets' locks.
 	Projects, Objects []string
 	// Shared takes the target locks shared (events) instead of exclusive
@@ -83,16 +83,14 @@ type locks struct {
 
 // lock takes l in the global lock order.
 func lock(ctx context.Context, q querier, l locks) error {
-	n := 1 + len(l.Projects) + len(l.Objects)
+	n := len(l.Purchases) + len(l.Projects) + len(l.Objects)
 	groups, names := make([]int64, 0, n), make([]string, 0, n)
 	add := func(group int64, prefix string, ids ...string) {
 		for _, id := range ids {
 			groups, names = append(groups, group), append(names, prefix+id)
 		}
 	}
-	if l.Purchase != "" {
-		add(groupPurchase, purchaseLock, l.Purchase)
-	}
+	add(groupPurchase, purchaseLock, l.Purchases...)
 	add(groupProject, projectLock, l.Projects...)
 	add(groupObject, objectLock, l.Objects...)
 	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared); err != nil {
