@@ -39,6 +39,8 @@ func (c *catalogConfig) registerTimings(s *settings) {
 	s.dur(&c.Consumer.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", middleware.RetryInitialIntervalDefault, "first backoff after an infrastructure error")
 	s.dur(&c.Consumer.RetryMax, "retry-max", "CATALOG_RETRY_MAX", middleware.RetryMaxIntervalDefault, "largest backoff after infrastructure errors")
 	s.dur(&c.Consumer.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", router.DedupRetentionDefault, "how long dedup keys are kept")
+	s.int(&c.Consumer.MaxBatch, "batch-max", "CATALOG_BATCH_MAX", middleware.GroupCommitMaxBatchDefault, "most events one consumer transaction applies")
+	s.int(&c.Consumer.Workers, "batch-workers", "CATALOG_BATCH_WORKERS", middleware.GroupCommitWorkersDefault, "consumer transactions in flight at once")
 	s.dur(&c.Consumer.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", router.AuditIntervalDefault, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
 }
 

@@ -152,12 +152,12 @@ type topicConfig struct {
 }
 
 // topicPartitionsDefault is the partitions of a topic a process creates. The
-// consumer keeps one event in flight per partition, so partitions bound a
-// catalog group's concurrency; on 2 cores one process applied about as many
-// events a second with 6 or 12 partitions and fewer with 24 or 48
-// (docs/benchmarks.md). 12 serves that, and lets up to 12 catalog processes
-// share the topic.
-const topicPartitionsDefault = 12
+// consumer keeps one event in flight per partition and commits the events in
+// flight together, so partitions bound its batches: on 2 cores one process
+// applied about 2.7k events a second with 24 partitions and 3.6k with 48 or
+// 96 (docs/benchmarks.md). 48 serves that, and lets up to 48 catalog
+// processes share the topic.
+const topicPartitionsDefault = 48
 
 func (c *topicConfig) register(s *settings) {
 	s.int(&c.Partitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", topicPartitionsDefault, "partitions of a topic this process creates")

@@ -20,10 +20,7 @@ import (
 // the message UUID (the event's MessageId) follows it.
 const DedupKeyPrefixDefault = "catalog-promotion:purchase-changed:"
 
-// ErrNoTx means a middleware that needs the unit of work's transaction ran outside UnitOfWork.
-var ErrNoTx = errors.New("no unit-of-work transaction in message context")
-
-// DedupConfig configures Dedup.
+// DedupConfig configures the dedup keys of GroupCommit.
 type DedupConfig struct {
 	// KeyPrefix precedes the message UUID in the key stored in
 	// catalog.processed_messages. Defaults to DedupKeyPrefixDefault.
@@ -44,50 +41,13 @@ func (c DedupConfig) Validate() error {
 	return nil
 }
 
-// Dedup skips a message whose key is already in catalog.processed_messages and
-// otherwise stores the key, both in the unit of work's transaction, so the mark
-// commits or rolls back with the handler's state change. It must run inside
-// UnitOfWork. A duplicate is acked as a no-op; a concurrent duplicate waits on
-// the key's primary-key lock until the first delivery commits, then skips (or,
-// if the first rolled back, applies).
-func Dedup(cfg DedupConfig) (message.HandlerMiddleware, error) {
-	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("dedup config: %w", err)
+// skipped logs and counts a message acked as a duplicate of key.
+func (c DedupConfig) skipped(msg *message.Message, key string) {
+	c.Logger.InfoContext(msg.Context(), "skipped-duplicate", "MessageId", msg.UUID,
+		"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "key", key)
+	if c.OnDuplicate != nil {
+		c.OnDuplicate(msg)
 	}
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			ctx := msg.Context()
-			tx := Tx(ctx)
-			if tx == nil {
-				return nil, fmt.Errorf("dedup: %w", ErrNoTx)
-			}
-			if msg.UUID == "" {
-				// Without a MessageId every such message would share one key and
-				// all but the first would be dropped as duplicates.
-				return nil, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
-			}
-			key := cfg.KeyPrefix + msg.UUID
-			res, err := tx.ExecContext(ctx,
-				`INSERT INTO catalog.processed_messages (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`, key)
-			if err != nil {
-				return nil, fmt.Errorf("store dedup key: %w", err)
-			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return nil, fmt.Errorf("store dedup key: %w", err)
-			}
-			if n == 0 {
-				cfg.Logger.InfoContext(ctx, "skipped-duplicate", "MessageId", msg.UUID,
-					"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "key", key)
-				if cfg.OnDuplicate != nil {
-					cfg.OnDuplicate(msg)
-				}
-				return nil, nil
-			}
-			return h(msg)
-		}
-	}, nil
 }
 
 func (c *DedupConfig) setDefaults() {

@@ -24,28 +24,42 @@ type dedupBundle struct {
 	logs       *logtest.Logs
 	duplicates atomic.Int32
 	calls      atomic.Int32
-	// handle runs UnitOfWork → Dedup → handler, where handler applies the effect
-	// and then does what next says.
+	// handle runs msg through a GroupCommit whose apply writes the effect
+	// of each message and then does what next says.
 	handle func(msg *message.Message, next func() error) error
 }
 
-func setupDedup(t *testing.T) *dedupBundle {
+// setupDedup is a GroupCommit over catalogDB with workers transactions in
+// flight at most.
+func setupDedup(t *testing.T, workers int) *dedupBundle {
 	t.Helper()
 	t.Parallel()
 	b := &dedupBundle{db: catalogDB(t), logs: &logtest.Logs{}}
-	dedup, err := middleware.Dedup(middleware.DedupConfig{
-		Logger:      b.logs.Logger(),
-		OnDuplicate: func(*message.Message) { b.duplicates.Add(1) },
+	type item struct {
+		msg  *message.Message
+		next func() error
+	}
+	gc, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{
+		DB: b.db, Workers: workers,
+		Dedup: middleware.DedupConfig{
+			Logger:      b.logs.Logger(),
+			OnDuplicate: func(*message.Message) { b.duplicates.Add(1) },
+		},
+	}, func(ctx context.Context, tx *sqlx.Tx, items []item) ([]struct{}, error) {
+		for _, it := range items {
+			b.calls.Add(1)
+			if err := applyEffect(ctx, tx, it.msg.UUID); err != nil {
+				return nil, err
+			}
+			if err := it.next(); err != nil {
+				return nil, err
+			}
+		}
+		return make([]struct{}, len(items)), nil
 	})
 	require.NoError(t, err)
 	b.handle = func(msg *message.Message, next func() error) error {
-		_, err := chain(func(msg *message.Message) ([]*message.Message, error) {
-			b.calls.Add(1)
-			if err := applyEffect(msg); err != nil {
-				return nil, err
-			}
-			return nil, next()
-		}, middleware.UnitOfWork(b.db), dedup)(msg)
+		_, _, err := gc.Do(msg, msg.UUID, item{msg: msg, next: next})
 		return err
 	}
 	return b
@@ -54,7 +68,7 @@ func setupDedup(t *testing.T) *dedupBundle {
 func ok() error { return nil }
 
 func TestDedup_DuplicateMessageIsAckedWithoutEffect(t *testing.T) {
-	b := setupDedup(t)
+	b := setupDedup(t, 1)
 	msg := newMessage(t)
 
 	require.NoError(t, b.handle(msg, ok))
@@ -71,9 +85,9 @@ func TestDedup_DuplicateMessageIsAckedWithoutEffect(t *testing.T) {
 }
 
 func TestDedup_ConcurrentDuplicatesApplyTheEffectOnce(t *testing.T) {
-	b := setupDedup(t)
-	msg := newMessage(t)
 	const deliveries = 5
+	b := setupDedup(t, deliveries) // one transaction per delivery: one key never shares one
+	msg := newMessage(t)
 
 	// The first delivery to store the key holds its transaction open until the
 	// others are seen waiting on the key's primary-key lock.
@@ -107,7 +121,7 @@ func TestDedup_ConcurrentDuplicatesApplyTheEffectOnce(t *testing.T) {
 }
 
 func TestDedup_KeyIsStoredInTheSameTransactionAsTheEffect(t *testing.T) {
-	b := setupDedup(t)
+	b := setupDedup(t, 1)
 	msg := newMessage(t)
 
 	err := b.handle(msg, func() error { return errors.New("card update failed") })
@@ -121,7 +135,7 @@ func TestDedup_KeyIsStoredInTheSameTransactionAsTheEffect(t *testing.T) {
 }
 
 func TestDedup_MessageWithoutUUIDIsAContractViolation(t *testing.T) {
-	b := setupDedup(t)
+	b := setupDedup(t, 1)
 	msg := newMessage(t)
 	msg.UUID = ""
 
@@ -132,19 +146,6 @@ func TestDedup_MessageWithoutUUIDIsAContractViolation(t *testing.T) {
 	require.Equal(t, "MessageId", ce.Field)
 	require.Zero(t, b.calls.Load())
 	require.Empty(t, processedKeys(t, b.db))
-}
-
-func TestDedup_OutsideUnitOfWorkFails(t *testing.T) {
-	t.Parallel()
-	dedup, err := middleware.Dedup(middleware.DedupConfig{})
-	require.NoError(t, err)
-
-	_, err = dedup(func(*message.Message) ([]*message.Message, error) {
-		t.Fatal("handler must not run")
-		return nil, nil
-	})(newMessage(t))
-
-	require.ErrorIs(t, err, middleware.ErrNoTx)
 }
 
 func TestCleanupDedupKeys_DeletesOnlyKeysPastRetention(t *testing.T) {
@@ -178,6 +179,6 @@ func TestResetDedupTx_ForgetsOnlyKeysWithItsPrefix(t *testing.T) {
 
 func TestDedup_ConfigRefusesAPrefixThatIsNotAKeyPrefix(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.Dedup(middleware.DedupConfig{KeyPrefix: "catalog-promotion"})
+	err := middleware.GroupCommitConfig{DB: &sqlx.DB{}, Dedup: middleware.DedupConfig{KeyPrefix: "catalog-promotion"}}.Validate()
 	require.ErrorContains(t, err, "must end with ':'")
 }

@@ -17,13 +17,16 @@
 //  5. ContractVersion (contractversion.go): warns and counts a mismatch, and
 //     proceeds (the seed's warn-and-proceed); the payload's own validation decides.
 //  6. Span "catalog.promotion.process": one per attempt.
-//  7. UnitOfWork (unitofwork.go): one transaction per attempt; it commits only
-//     when the handler returns nil, so replica, card boosts and dedup mark
-//     commit together, then the offset is acked.
-//  8. Dedup (dedup.go): inside the transaction, so the dedup key commits or
-//     rolls back with the state change; a duplicate is an ack no-op.
-//  9. Span "catalog.promotion.store": the handler's work in the transaction.
+//  7. Span "catalog.promotion.store": the handler's work.
+//  8. The handler parses the event and waits on GroupCommit (groupcommit.go),
+//     the unit of work with dedup: the events that wait at the same time, one
+//     per partition in flight, share one transaction; their dedup keys
+//     (dedup.go) are stored in it, so each key commits or rolls back with its
+//     state change, and a duplicate is an ack no-op. The handler returns only
+//     after the commit, so replica, card boosts and dedup mark commit
+//     together, then the offset is acked. A failed transaction of several
+//     events re-runs each alone, so every attempt of one event is its own.
 //
-// A projection rebuild replays the topic through steps 4 to 9: a record that
+// A projection rebuild replays the topic through steps 4 to 8: a record that
 // fails for good was dead-lettered once already.
 package middleware

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
-	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
@@ -38,14 +37,10 @@ func catalogDB(t *testing.T) *sqlx.DB {
 	return db
 }
 
-// applyEffect is a handler's state change, written in the unit of work's transaction.
-func applyEffect(msg *message.Message) error {
-	tx := middleware.Tx(msg.Context())
-	if tx == nil {
-		return middleware.ErrNoTx
-	}
-	_, err := tx.ExecContext(msg.Context(),
-		`INSERT INTO mwtest_effects (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = mwtest_effects.n + 1`, msg.UUID)
+// applyEffect is a handler's state change for id, written in the unit of work's transaction.
+func applyEffect(ctx context.Context, tx *sqlx.Tx, id string) error {
+	_, err := tx.ExecContext(ctx,
+		`INSERT INTO mwtest_effects (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = mwtest_effects.n + 1`, id)
 	return err
 }
 

@@ -122,7 +122,7 @@ func (c *RetryConfig) setDefaults() {
 //   - a *Permanent passes through;
 //   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once;
 //   - a conflict (IsConflict) is re-run immediately up to ConflictRetries times,
-//     each in a fresh transaction when UnitOfWork is inside, then becomes
+//     each in a fresh transaction of the unit of work inside, then becomes
 //     Permanent{Code: CodeConflictExhausted};
 //   - anything else is infrastructure: it is re-run with exponential backoff
 //     without end and never becomes Permanent. The message stays in flight,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -194,24 +195,32 @@ func TestRetry_ConflictRerunsTheUnitOfWorkInAFreshTransaction(t *testing.T) {
 		Logger:     slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-
 	var txids []int64
+	uow, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{DB: db},
+		func(ctx context.Context, tx *sqlx.Tx, ids []string) ([]struct{}, error) {
+			var txid int64
+			if err := tx.GetContext(ctx, &txid, `SELECT txid_current()`); err != nil {
+				return nil, err
+			}
+			txids = append(txids, txid)
+			if len(txids) < 3 {
+				return nil, errConflict
+			}
+			return make([]struct{}, len(ids)), applyEffect(ctx, tx, ids[0])
+		})
+	require.NoError(t, err)
+
+	msg := newMessage(t)
 	_, err = chain(func(msg *message.Message) ([]*message.Message, error) {
-		var txid int64
-		if err := middleware.Tx(msg.Context()).Get(&txid, `SELECT txid_current()`); err != nil {
-			return nil, err
-		}
-		txids = append(txids, txid)
-		if len(txids) < 3 {
-			return nil, errConflict
-		}
-		return nil, applyEffect(msg)
-	}, retry, middleware.UnitOfWork(db))(newMessage(t))
+		_, _, err := uow.Do(msg, msg.UUID, msg.UUID)
+		return nil, err
+	}, retry)(msg)
 
 	require.NoError(t, err)
 	require.Len(t, txids, 3)
 	require.NotEqual(t, txids[0], txids[1])
 	require.NotEqual(t, txids[1], txids[2])
+	require.Equal(t, 1, effectCount(t, db, msg.UUID))
 }
 
 func TestRetry_ContractViolationIsPermanentWithoutRetry(t *testing.T) {

@@ -55,6 +55,12 @@ type CatalogConfig struct {
 	// AuditInterval is the time between audits of the card boosts against
 	// the replica (catalog_promotion_drift_cards). Defaults to 5m.
 	AuditInterval time.Duration
+	// MaxBatch caps the events of one consumer transaction. Defaults to
+	// middleware.GroupCommitMaxBatchDefault.
+	MaxBatch int
+	// Workers caps the consumer transactions in flight at once. Defaults to
+	// middleware.GroupCommitWorkersDefault.
+	Workers int
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -66,6 +72,9 @@ func (c CatalogConfig) Validate() error {
 	}
 	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
 		errs = append(errs, errors.New("retry intervals must be positive with max >= initial"))
+	}
+	if c.MaxBatch < 1 || c.Workers < 1 {
+		errs = append(errs, errors.New("consumer max batch and workers must be positive"))
 	}
 	if c.DedupRetention <= 0 || c.JanitorInterval <= 0 || c.AuditInterval <= 0 {
 		errs = append(errs, errors.New("dedup retention, janitor and audit intervals must be positive"))
@@ -86,6 +95,8 @@ func (c *CatalogConfig) setDefaults() {
 	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
 	c.JanitorInterval = cmp.Or(c.JanitorInterval, DedupJanitorIntervalDefault)
 	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
+	c.MaxBatch = cmp.Or(c.MaxBatch, middleware.GroupCommitMaxBatchDefault)
+	c.Workers = cmp.Or(c.Workers, middleware.GroupCommitWorkersDefault)
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion
@@ -117,14 +128,10 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	if err != nil {
 		return nil, err
 	}
-	applier, err := boost.Prepare(context.Background(), db)
-	if err != nil {
-		return nil, err
-	}
-	c.closers = append(c.closers, applier.Close)
-	handle := consume(m, log, applier)
+	c.closers = append(c.closers, mw.close)
+	handle := consume(m, log, mw.unitOfWork)
 
-	c.Chain = chain(handle, mw.retry, mw.contractVersion, mw.process, mw.unitOfWork, mw.dedup, mw.store)
+	c.Chain = chain(handle, mw.retry, mw.contractVersion, mw.process, mw.store)
 	if !cfg.Enabled {
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
@@ -148,8 +155,6 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		mw.retry,
 		mw.contractVersion,
 		mw.process,
-		mw.unitOfWork,
-		mw.dedup,
 		mw.store,
 	}
 	// The replay topic has a group of its own, so that its rebalances never
@@ -167,9 +172,13 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	return c, nil
 }
 
-// catalogMiddlewares are the consumer's steps that need configuring.
+// catalogMiddlewares are the consumer's steps that need configuring, and
+// the unit of work its handler applies events through. close releases the
+// unit of work's prepared statements.
 type catalogMiddlewares struct {
-	retry, contractVersion, process, unitOfWork, dedup, store message.HandlerMiddleware
+	retry, contractVersion, process, store message.HandlerMiddleware
+	unitOfWork                             *unitOfWork
+	close                                  func() error
 }
 
 func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims) (catalogMiddlewares, error) {
@@ -182,26 +191,34 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	if err != nil {
 		return catalogMiddlewares{}, err
 	}
-	dedup, err := middleware.Dedup(middleware.DedupConfig{
-		Logger:      log,
-		OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
-	})
+	applier, err := boost.Prepare(context.Background(), db)
 	if err != nil {
 		return catalogMiddlewares{}, err
+	}
+	uow, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{
+		DB: db, MaxBatch: cfg.MaxBatch, Workers: cfg.Workers,
+		Dedup: middleware.DedupConfig{
+			Logger:      log,
+			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
+		},
+		OnBatch: func(size int, _ time.Duration) { m.BatchSize.Observe(float64(size)) },
+	}, applier.ApplyBatch)
+	if err != nil {
+		return catalogMiddlewares{}, errors.Join(err, applier.Close())
 	}
 	return catalogMiddlewares{
 		retry:           retry,
 		contractVersion: middleware.ContractVersion(event.ContractVersion, m.ContractMismatch, log),
 		process:         middleware.Span("catalog.promotion.process", trace.SpanKindInternal),
-		unitOfWork:      middleware.UnitOfWork(db),
-		dedup:           dedup,
 		store:           middleware.Span("catalog.promotion.store", trace.SpanKindInternal),
+		unitOfWork:      uow,
+		close:           applier.Close,
 	}, nil
 }
 
 // CatalogChain is the consumer chain without the poison queue, for a
 // projection rebuild run outside a catalog process: retry → contract version →
-// unit of work → dedup → handler. The returned close releases its prepared
+// handler through the unit of work with dedup. The returned close releases its prepared
 // statements.
 func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, func() error, error) {
 	cfg.setDefaults()
@@ -209,12 +226,8 @@ func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogC
 	if err != nil {
 		return nil, nil, err
 	}
-	applier, err := boost.Prepare(context.Background(), db)
-	if err != nil {
-		return nil, nil, err
-	}
-	h := chain(consume(m, log, applier), mw.retry, mw.contractVersion, mw.process, mw.unitOfWork, mw.dedup, mw.store)
-	return h, applier.Close, nil
+	h := chain(consume(m, log, mw.unitOfWork), mw.retry, mw.contractVersion, mw.process, mw.store)
+	return h, mw.close, nil
 }
 
 // newDLQPublisher writes dead letters under their record's key, so that the

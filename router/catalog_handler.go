@@ -11,19 +11,24 @@ import (
 	"github.com/promoflow/promoflow/middleware"
 )
 
+// unitOfWork is the consumer's group commit: dedup keys and boost.ApplyBatch
+// for the events that wait together, one transaction per batch.
+type unitOfWork = middleware.GroupCommit[event.PurchaseChanged, boost.Outcome]
+
 // consume is the Promotion Boost handler: it parses one purchase-changed
-// message and applies it in the unit of work's transaction. A payload that
-// breaks the contract returns its *event.ContractError, which the retry
-// middleware makes permanent (DLQ).
-func consume(m *CatalogMetrics, log *slog.Logger, applier *boost.Prepared) message.NoPublishHandlerFunc {
+// message and applies it through the unit of work, with the events of other
+// purchases that wait at the same time. A payload that breaks the contract
+// returns its *event.ContractError, which the retry middleware makes
+// permanent (DLQ).
+func consume(m *CatalogMetrics, log *slog.Logger, uow *unitOfWork) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		start := time.Now()
 		ev, err := event.Parse(msg.Payload)
 		if err != nil {
 			return err
 		}
-		out, err := applier.Apply(msg.Context(), middleware.Tx(msg.Context()), ev)
-		if err != nil {
+		out, dup, err := uow.Do(msg, ev.PurchaseId.String(), ev)
+		if err != nil || dup {
 			return err
 		}
 		observe(m, log, msg, ev, out, time.Since(start))

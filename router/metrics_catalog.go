@@ -10,6 +10,7 @@ import (
 type CatalogMetrics struct {
 	Lag              prometheus.GaugeFunc
 	ConsumeDuration  prometheus.Histogram
+	BatchSize        prometheus.Histogram
 	CardsRecomputed  prometheus.Counter
 	Stale            prometheus.Counter
 	Retries          prometheus.Counter
@@ -40,6 +41,8 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 			"Age of the oldest event in flight, or of the last one handled in the past 5s; 0 when idle.", lag.Seconds),
 		ConsumeDuration: r.histogram("catalog_promotion_consume_duration_ms",
 			"Time to process one purchase-changed event, in milliseconds.", 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+		BatchSize: r.histogram("catalog_promotion_batch_size",
+			"Events per consumer transaction (the group commit).", 1, 2, 4, 8, 16, 32, 64, 128),
 		CardsRecomputed:  r.counter("catalog_promotion_cards_recomputed_total", "Cards whose PromotionBoost changed."),
 		Stale:            r.counter("catalog_promotion_stale_total", "Events skipped by the per-purchase version guard."),
 		Retries:          r.counter("catalog_promotion_retries_total", "Retries of an event after an infrastructure error or a conflict."),

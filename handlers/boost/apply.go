@@ -84,10 +84,21 @@ func applyBatch(ctx context.Context, q querier, evs []event.PurchaseChanged) ([]
 	if len(in.purchases) == 0 {
 		return outs, nil
 	}
+	if q.stmts != nil {
+		// A prepared statement's generic plan cannot see how many ids its
+		// arrays hold: it scans whole card tables where the custom plan reads
+		// the indexes. The custom plan still saves the parse.
+		if err := q.exec(ctx, `SET LOCAL plan_cache_mode = force_custom_plan`); err != nil {
+			return nil, wrap("set plan cache mode", err)
+		}
+	}
 	// Before any read; see lock.go for the order and the races it closes.
 	l.Shared = true
 	if err := lock(ctx, q, l); err != nil {
 		return nil, err
+	}
+	if err := q.exec(ctx, lockCardsSQL, pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {
+		return nil, wrap("lock cards", err)
 	}
 	var res struct {
 		Stored pq.Int64Array `db:"stored"`
@@ -188,12 +199,10 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 //     and per row; a duplicate (same version and values) writes nothing.
 //   - changed: new − old active weight of each written target, zeros left
 //     out; delta sums them per target over the batch.
-//   - project_rows, object_rows: the cards to change, locked in id order
-//     (lock.go), project cards first (object_rows waits for "projects"). An
+//   - projects, objects: the writes, cards with a zero sum left out. An
 //     object's delta is its own target's plus, while published, its
-//     project's. FOR NO KEY UPDATE re-reads a row that a card upsert changed
-//     after this statement's snapshot, with its new project_id and published.
-//   - projects, objects: the writes, cards with a zero sum left out. The
+//     project's. lockCardsSQL locked every row these can write before this
+//     statement took its snapshot, so no row changes under it. The
 //     "= ANY(array)" conditions let both reads and writes use the indexes
 //     (primary keys and the project index).
 //
@@ -232,27 +241,19 @@ const applySQL = `WITH ev AS (
 	SELECT array_agg(id) FILTER (WHERE kind = 'Project') AS projects,
 		array_agg(id) FILTER (WHERE kind = 'PropertyObject') AS objects
 	FROM delta
-), project_rows AS (
-	SELECT p.id, (SELECT d FROM delta WHERE kind = 'Project' AND id = p.id) AS d
-	FROM catalog.project_cards p
-	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[])
-	ORDER BY p.id FOR NO KEY UPDATE
 ), projects AS (
-	UPDATE catalog.project_cards p SET promotion_boost = p.promotion_boost + r.d, updated_at = now()
-	FROM project_rows r
-	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[]) AND p.id = r.id AND r.d <> 0
+	UPDATE catalog.project_cards p SET promotion_boost = p.promotion_boost + d.d, updated_at = now()
+	FROM delta d
+	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[]) AND d.kind = 'Project' AND d.id = p.id AND d.d <> 0
 	RETURNING p.id
 ), object_rows AS (
 	SELECT o.id, o.project_id, o.published,
-		coalesce((SELECT d FROM delta WHERE kind = 'PropertyObject' AND id = o.id), 0)
-		+ CASE WHEN o.published
-			THEN coalesce((SELECT d FROM delta WHERE kind = 'Project' AND id = o.project_id), 0)
-			ELSE 0 END AS d
+		coalesce(od.d, 0) + CASE WHEN o.published THEN coalesce(pd.d, 0) ELSE 0 END AS d
 	FROM catalog.property_object_cards o
-	WHERE (SELECT count(*) FROM projects) >= 0
-		AND (o.id = ANY((SELECT objects FROM targets)::uuid[])
-			OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[])))
-	ORDER BY o.id FOR NO KEY UPDATE
+		LEFT JOIN delta od ON od.kind = 'PropertyObject' AND od.id = o.id
+		LEFT JOIN delta pd ON pd.kind = 'Project' AND pd.id = o.project_id
+	WHERE o.id = ANY((SELECT objects FROM targets)::uuid[])
+		OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[]))
 ), objects AS (
 	UPDATE catalog.property_object_cards o SET promotion_boost = o.promotion_boost + r.d, updated_at = now()
 	FROM object_rows r
@@ -262,9 +263,11 @@ const applySQL = `WITH ev AS (
 	RETURNING o.id, r.project_id, r.published
 ), addressed AS (
 	SELECT c.purchase_id, p.id FROM changed c JOIN projects p ON c.kind = 'Project' AND p.id = c.id
-	UNION ALL
-	SELECT DISTINCT c.purchase_id, o.id FROM changed c JOIN objects o
-		ON (c.kind = 'PropertyObject' AND o.id = c.id) OR (c.kind = 'Project' AND o.published AND o.project_id = c.id)
+	UNION ALL (
+		SELECT c.purchase_id, o.id FROM changed c JOIN objects o ON c.kind = 'PropertyObject' AND o.id = c.id
+		UNION
+		SELECT c.purchase_id, o.id FROM changed c JOIN objects o ON c.kind = 'Project' AND o.published AND o.project_id = c.id
+	)
 ), per_purchase AS (
 	SELECT purchase_id, count(*) AS cards FROM addressed GROUP BY purchase_id
 )

@@ -130,47 +130,55 @@ func TestApply_CardLeavingProjectDuringProjectEventKeepsOnlyItsNewBoost(t *testi
 }
 
 func TestApply_ConcurrentEventsOnSharedCardsInAnyOrderDoNotDeadlock(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	const workers, perWorker = 6, 15
+	for name, batch := range map[string]int{"one event a transaction": 1, "batches of eight": 8} {
+		t.Run(name, func(t *testing.T) {
+			b := setup(t)
+			ctx := context.Background()
+			const workers, perWorker = 6, 15
 
-	var targets []event.Target
-	for range 3 {
-		p := b.newProject(t)
-		targets = append(targets, onProject(p))
-		for range 3 {
-			targets = append(targets, onObject(b.newObject(t, p, true)))
-		}
-	}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for w := range workers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			<-start
-			for range perWorker {
-				// Four targets in a random order: the cards they address
-				// overlap every other worker's, in another order.
-				tg := slices.Clone(targets)
-				rng.Shuffle(len(tg), func(i, j int) { tg[i], tg[j] = tg[j], tg[i] })
-				ev := changed(uuid.New(), event.StatusActive, 1+rng.IntN(100), 1, tg[:4]...)
-				err := inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-					if _, err := boost.Apply(ctx, tx, ev); err != nil {
-						return err
-					}
-					_, err := tx.ExecContext(ctx, `SELECT pg_sleep(0.002)`)
-					return err
-				})
-				if !assert.NoError(t, err, "no deadlock, no conflict to retry") {
-					return
+			var targets []event.Target
+			for range 3 {
+				p := b.newProject(t)
+				targets = append(targets, onProject(p))
+				for range 3 {
+					targets = append(targets, onObject(b.newObject(t, p, true)))
 				}
 			}
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for w := range workers {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(w), 7))
+					<-start
+					for range perWorker {
+						// Events of four targets in a random order: the cards
+						// they address overlap every other worker's, in
+						// another order.
+						var evs []event.PurchaseChanged
+						for range batch {
+							tg := slices.Clone(targets)
+							rng.Shuffle(len(tg), func(i, j int) { tg[i], tg[j] = tg[j], tg[i] })
+							evs = append(evs, changed(uuid.New(), event.StatusActive, 1+rng.IntN(100), 1, tg[:4]...))
+						}
+						err := inTx(ctx, b.db, func(tx *sqlx.Tx) error {
+							if _, err := boost.ApplyBatch(ctx, tx, evs); err != nil {
+								return err
+							}
+							_, err := tx.ExecContext(ctx, `SELECT pg_sleep(0.002)`)
+							return err
+						})
+						if !assert.NoError(t, err, "no deadlock, no conflict to retry") {
+							return
+						}
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			require.False(t, t.Failed())
+			b.requireNoDrift(t)
 		})
 	}
-	close(start)
-	wg.Wait()
-	require.False(t, t.Failed())
-	b.requireNoDrift(t)
 }
 
 func TestApply_EventsOfOnePurchaseSerialise(t *testing.T) {

@@ -1,0 +1,291 @@
+package middleware
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
+
+// Defaults of GroupCommitConfig.
+const (
+	GroupCommitMaxBatchDefault = 64
+	GroupCommitWorkersDefault  = 2
+	GroupCommitTimeoutDefault  = 30 * time.Second
+)
+
+// GroupCommitConfig configures GroupCommit.
+type GroupCommitConfig struct {
+	// DB runs the transactions. Required.
+	DB *sqlx.DB
+	// MaxBatch caps the messages of one transaction. Defaults to 64.
+	MaxBatch int
+	// Workers caps the transactions in flight at once. Defaults to 2.
+	Workers int
+	// Timeout bounds one transaction. Defaults to 30s.
+	Timeout time.Duration
+	// Dedup names and reports the dedup keys.
+	Dedup DedupConfig
+	// OnBatch, if set, is called after each transaction with its size (for a metric).
+	OnBatch func(size int, took time.Duration)
+}
+
+// Validate reports every missing or out-of-range setting.
+func (c GroupCommitConfig) Validate() error {
+	c.setDefaults() // a copy: what the component will run with
+	var errs []error
+	if c.DB == nil {
+		errs = append(errs, errors.New("group commit: a database is required"))
+	}
+	if c.MaxBatch < 1 || c.Workers < 1 || c.Timeout <= 0 {
+		errs = append(errs, errors.New("group commit: max batch, workers and timeout must be positive"))
+	}
+	return errors.Join(append(errs, c.Dedup.Validate())...)
+}
+
+func (c *GroupCommitConfig) setDefaults() {
+	c.MaxBatch = cmp.Or(c.MaxBatch, GroupCommitMaxBatchDefault)
+	c.Workers = cmp.Or(c.Workers, GroupCommitWorkersDefault)
+	c.Timeout = cmp.Or(c.Timeout, GroupCommitTimeoutDefault)
+	c.Dedup.setDefaults()
+}
+
+// ApplyFunc applies items in tx and returns one result per item, in order.
+// An error rolls back the whole transaction.
+type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R, error)
+
+// GroupCommit is the consumer's unit of work with dedup. The messages that
+// wait for it at the same time, from any partition, share one transaction:
+// their dedup keys are stored by one statement, the items of the keys that
+// were new are applied by one ApplyFunc call, and all of it commits together
+// before any of their handlers returns, so each message is acked only after
+// its effect and its dedup mark committed (seed: replica, card boosts and
+// dedup mark commit together, then the offset is acked).
+//
+// Every partition has one message in flight, so a transaction holds at most
+// one message per partition and, while one transaction runs, the next one
+// fills. A message whose key is already stored is a duplicate: it is acked
+// as a no-op. A concurrent duplicate waits on the key's primary-key lock
+// until the first delivery commits, then skips (or, if the first rolled back,
+// applies). When a transaction of several messages fails, each is re-run in
+// a transaction of its own, so that one message's error (a poison payload, a
+// conflict) is its own and the others commit.
+type GroupCommit[T, R any] struct {
+	cfg   GroupCommitConfig
+	apply ApplyFunc[T, R]
+
+	mu      sync.Mutex
+	queue   []*waiter[T, R]
+	running int
+}
+
+// waiter is one message waiting for its transaction.
+type waiter[T, R any] struct {
+	msg         *message.Message
+	key, serial string
+	item        T
+	done        chan struct{}
+	// Set before done closes.
+	result R
+	dup    bool
+	err    error
+	// Guarded by GroupCommit.mu: gone is set when the message stopped
+	// waiting before a transaction took it.
+	gone bool
+}
+
+// NewGroupCommit checks cfg and returns a GroupCommit that applies items with apply.
+func NewGroupCommit[T, R any](cfg GroupCommitConfig, apply ApplyFunc[T, R]) (*GroupCommit[T, R], error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &GroupCommit[T, R]{cfg: cfg, apply: apply}, nil
+}
+
+// Do applies item for msg in the next transaction and waits for its commit.
+// Items with equal serial never share a transaction and are taken in the
+// order they came. dup is true when msg's dedup key was stored already:
+// nothing was applied. When msg's context ends first, Do returns its error;
+// a transaction that took the item may still commit it, and the redelivery
+// is then a duplicate.
+func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (result R, dup bool, err error) {
+	if msg.UUID == "" {
+		// Without a MessageId every such message would share one key and
+		// all but the first would be dropped as duplicates.
+		return result, false, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
+	}
+	w := &waiter[T, R]{msg: msg, key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item, done: make(chan struct{})}
+	g.mu.Lock()
+	g.queue = append(g.queue, w)
+	if g.running < g.cfg.Workers {
+		g.running++
+		go g.lead()
+	}
+	g.mu.Unlock()
+
+	select {
+	case <-w.done:
+		return w.result, w.dup, w.err
+	case <-msg.Context().Done():
+		g.mu.Lock()
+		w.gone = true
+		g.mu.Unlock()
+		return result, false, fmt.Errorf("wait for unit of work: %w", msg.Context().Err())
+	}
+}
+
+// Waiting is how many messages wait for a transaction to take them.
+func (g *GroupCommit[T, R]) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, w := range g.queue {
+		if !w.gone {
+			n++
+		}
+	}
+	return n
+}
+
+// lead runs transactions while messages wait, then ends.
+func (g *GroupCommit[T, R]) lead() {
+	for {
+		g.mu.Lock()
+		batch := g.take()
+		if len(batch) == 0 {
+			g.running--
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		g.run(batch)
+	}
+}
+
+// take removes from the queue, in order, up to MaxBatch waiters whose keys
+// and serials differ; the others stay for a later transaction. g.mu is held.
+func (g *GroupCommit[T, R]) take() []*waiter[T, R] {
+	var batch, rest []*waiter[T, R]
+	seen := map[string]bool{}
+	for _, w := range g.queue {
+		switch {
+		case w.gone:
+		case len(batch) < g.cfg.MaxBatch && !seen["k"+w.key] && !seen["s"+w.serial]:
+			seen["k"+w.key], seen["s"+w.serial] = true, true
+			batch = append(batch, w)
+		default:
+			rest = append(rest, w)
+		}
+	}
+	g.queue = rest
+	return batch
+}
+
+// run commits batch, or each of its waiters alone when it fails, and
+// releases them.
+func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
+	start := time.Now()
+	if err := g.commit(batch); err != nil {
+		if len(batch) == 1 {
+			batch[0].err = err
+		} else {
+			for _, w := range batch {
+				w.err = g.commit([]*waiter[T, R]{w})
+			}
+		}
+	}
+	if g.cfg.OnBatch != nil {
+		g.cfg.OnBatch(len(batch), time.Since(start))
+	}
+	for _, w := range batch {
+		close(w.done)
+	}
+}
+
+// commit runs batch in one transaction and, once it committed, sets each
+// waiter's result.
+func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+	defer cancel()
+	tx, err := g.cfg.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin unit of work: %w", err)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("unit of work panicked: %v", p)
+		}
+		if err != nil {
+			if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+				err = errors.Join(err, fmt.Errorf("roll back unit of work: %w", rbErr))
+			}
+		}
+	}()
+
+	stored, err := storeKeys(ctx, tx, batch)
+	if err != nil {
+		return err
+	}
+	var fresh []*waiter[T, R]
+	var items []T
+	for _, w := range batch {
+		if stored[w.key] {
+			fresh, items = append(fresh, w), append(items, w.item)
+		}
+	}
+	var results []R
+	if len(items) > 0 {
+		if results, err = g.apply(ctx, tx, items); err != nil {
+			return err
+		}
+		if len(results) != len(items) {
+			return fmt.Errorf("unit of work: %d results for %d items", len(results), len(items))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit unit of work: %w", err)
+	}
+	for i, w := range fresh {
+		w.result = results[i]
+	}
+	for _, w := range batch {
+		if w.dup = !stored[w.key]; w.dup {
+			g.cfg.Dedup.skipped(w.msg, w.key)
+		}
+	}
+	return nil
+}
+
+// storeKeys stores the batch's dedup keys, in key order so that concurrent
+// transactions wait on each other's keys in one order, and returns the keys
+// that were new.
+func storeKeys[T, R any](ctx context.Context, tx *sqlx.Tx, batch []*waiter[T, R]) (map[string]bool, error) {
+	keys := make([]string, len(batch))
+	for i, w := range batch {
+		keys[i] = w.key
+	}
+	slices.Sort(keys)
+	var stored []string
+	err := tx.SelectContext(ctx, &stored, `INSERT INTO catalog.processed_messages (key)
+		SELECT k FROM unnest($1::text[]) AS k ORDER BY k
+		ON CONFLICT (key) DO NOTHING RETURNING key`, pq.Array(keys))
+	if err != nil {
+		return nil, fmt.Errorf("store dedup keys: %w", err)
+	}
+	set := make(map[string]bool, len(stored))
+	for _, k := range stored {
+		set[k] = true
+	}
+	return set, nil
+}
