@@ -160,7 +160,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
-		SchemaAdapter:  outbox.Schema(cfg.OutboxBatchSize),
+		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize),
 		OffsetsAdapter: outbox.Offsets(),
 		PollInterval:   cfg.OutboxPollInterval,
 	}, wlog)

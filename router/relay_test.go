@@ -97,38 +97,35 @@ func TestRelay_NackedBatchIsResentWhole(t *testing.T) {
 	double := &refuseHalfOnce{Publisher: kp, target: batch[0].UUID}
 	b.startRouter(t, router.PromotionConfig{RelayPublisher: double}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
 
-	// Kafka took the first half of the batch, refused the rest; the relay then
-	// sent the whole batch again before any row written after it.
-	half := len(batch) / 2
-	var want []string
-	for _, tx := range before {
-		want = append(want, uuidsOf(tx)...)
+	// The relay read every row as one message, in commit order. Kafka took
+	// its first half and refused the rest; the relay then sent the whole
+	// message again.
+	var all []*message.Message
+	for _, tx := range append(append(before, batch), after...) {
+		all = append(all, tx...)
 	}
-	want = append(append(want, uuidsOf(batch[:half])...), uuidsOf(batch)...)
-	for _, tx := range after {
-		want = append(want, uuidsOf(tx)...)
-	}
+	half := len(all) / 2
+	want := append(uuidsOf(all[:half]), uuidsOf(all)...)
 	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(want) })
 	got := make([]string, len(records))
 	for i, r := range records {
 		got[i] = kafkatest.Header(r, kafka.UUIDHeaderKey)
 	}
-	require.Equal(t, want, got, "every event arrives; the refused batch is resent whole, before anything after it")
+	require.Equal(t, want, got, "every event arrives; the refused message is resent whole")
 	require.EqualValues(t, len(want), catalogtest.TopicSize(t, b.topic), "no extra record on the topic")
 
 	calls := double.Calls()
-	i := slices.IndexFunc(calls, func(c []string) bool { return c[0] == batch[0].UUID })
-	require.GreaterOrEqual(t, i, 0)
-	require.Equal(t, uuidsOf(batch), calls[i], "the batch went to Kafka in one call")
-	require.Equal(t, uuidsOf(batch), calls[i+1], "the next call resent the same batch, whole")
+	require.GreaterOrEqual(t, len(calls), 2)
+	require.Equal(t, uuidsOf(all), calls[0], "the rows went to Kafka in one call, in commit order")
+	require.Equal(t, uuidsOf(all), calls[1], "the next call resent the same message, whole")
 
 	// Each event's publish spans tell its story: the refused half failed and
 	// then went through, the accepted half went through twice.
 	require.Eventually(t, func() bool {
 		statuses := publishStatuses("relay-nacked")
-		for j, m := range batch {
+		for _, m := range batch {
 			first := codes.Unset
-			if j >= half {
+			if slices.IndexFunc(all, func(e *message.Message) bool { return e.UUID == m.UUID }) >= half {
 				first = codes.Error
 			}
 			if len(statuses[m.UUID]) != 2 || statuses[m.UUID][0] != first || statuses[m.UUID][1] != codes.Unset {
@@ -168,9 +165,64 @@ func TestRelay_RowsWrittenBeforeBatchesAreRelayed(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond)
 }
 
-// refuseHalfOnce is the relay's Kafka publisher, except that the first batch
-// that starts with target gets half of its events onto Kafka and the other
-// half refused, as a partly failed SendMessages reports it.
+func TestRelay_SmallTransactionsShareOneKafkaRequest(t *testing.T) {
+	b := setupPromotion(t, 1)
+	var txs [][]*message.Message
+	for range 10 {
+		txs = append(txs, purchaseEvents(t, 1, "relay-small"))
+	}
+	big := purchaseEvents(t, outbox.MergeRowsBelow+10, "relay-small")
+	txs = append(txs, big)
+	for range 5 {
+		txs = append(txs, purchaseEvents(t, 1, "relay-small"))
+	}
+	// The relay reads no row of a transaction younger than the oldest one
+	// open (pg_snapshot_xmin); gate keeps them all hidden until it commits.
+	gate := b.db.MustBegin()
+	gate.MustExec(`SELECT pg_current_xact_id()`)
+	writeOutbox(t, b, txs...)
+	kp, err := kafkakit.NewBatchPublisher(kafkatest.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = kp.Close() })
+	recorder := &refuseHalfOnce{Publisher: kp} // no target: refuses nothing
+	b.startRouter(t, router.PromotionConfig{RelayPublisher: recorder}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	require.NoError(t, gate.Commit())
+
+	var all []*message.Message
+	for _, tx := range txs {
+		all = append(all, tx...)
+	}
+	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(all) })
+	got := make([]string, len(records))
+	for i, r := range records {
+		got[i] = kafkatest.Header(r, kafka.UUIDHeaderKey)
+	}
+	require.Equal(t, uuidsOf(all), got, "every event once, in commit order")
+	// Each request holds whole rows; the large row goes alone. Another test's
+	// open transaction can hide the youngest rows from one read, which then
+	// splits a run of small rows, but never into one request per row.
+	calls := recorder.Calls()
+	require.Less(t, len(calls), len(txs), "small rows share requests")
+	row := 0
+	for _, call := range calls {
+		var rows []string
+		for len(rows) < len(call) && row < len(txs) {
+			rows = append(rows, uuidsOf(txs[row])...)
+			row++
+		}
+		require.Equal(t, rows, call, "a request holds whole rows, in order")
+		if slices.Contains(call, big[0].UUID) {
+			require.Equal(t, uuidsOf(big), call, "the large row goes alone")
+		}
+	}
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(b.metrics.OutboxRelayed) == float64(len(all))
+	}, 30*time.Second, 20*time.Millisecond, "the relayed counter counts events")
+}
+
+// refuseHalfOnce is the relay's Kafka publisher, except that the first call
+// that holds target gets half of its events onto Kafka and the other half
+// refused, as a partly failed SendMessages reports it.
 type refuseHalfOnce struct {
 	message.Publisher
 	target string
@@ -183,7 +235,7 @@ type refuseHalfOnce struct {
 func (d *refuseHalfOnce) Publish(topic string, msgs ...*message.Message) error {
 	d.mu.Lock()
 	d.calls = append(d.calls, uuidsOf(msgs))
-	refuse := !d.refused && msgs[0].UUID == d.target
+	refuse := !d.refused && d.target != "" && slices.ContainsFunc(msgs, func(m *message.Message) bool { return m.UUID == d.target })
 	d.refused = d.refused || refuse
 	d.mu.Unlock()
 	if !refuse {

@@ -1,0 +1,151 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+)
+
+// Merging limits: the relay merges consecutive rows of fewer than
+// MergeRowsBelow events each, starting a new message where MaxEventsPerRelay
+// events came before, so a merged message holds fewer than
+// MaxEventsPerRelay + MergeRowsBelow events. A larger row (an expirer batch)
+// is already worth a Kafka request of its own and goes alone, as written:
+// merging it would only re-encode it.
+const (
+	MaxEventsPerRelay = 500
+	MergeRowsBelow    = 50
+)
+
+// RelaySchema is the relay's schema adapter: it reads a page of up to
+// pageRows outbox rows in commit order, as watermill-sql's PostgreSQL schema
+// does, and merges each run of small rows into one message, so that the
+// relay sends them in one Kafka request. Transactions of one event (the
+// purchase API's) are relayed nearly as fast as the expirer's batches. The
+// page is still acked once, after its last message.
+func RelaySchema(pageRows int) wmsql.SchemaAdapter {
+	return relaySchema{Schema(max(pageRows, 1))}
+}
+
+type relaySchema struct {
+	wmsql.DefaultPostgreSQLSchema
+}
+
+// SelectQuery reads the page as the default query does (the offsets row
+// locked FOR UPDATE, only transactions below the snapshot's xmin, in commit
+// order), but with the position as one row comparison, so that PostgreSQL
+// walks the primary key in order and stops after the page instead of reading
+// the whole backlog to sort it, and groups it with mergeSQL.
+func (s relaySchema) SelectQuery(topic, consumerGroup string, offsets wmsql.OffsetsAdapter) wmsql.Query {
+	next := offsets.NextOffsetQuery(topic, consumerGroup)
+	page := fmt.Sprintf(`WITH last_processed AS (%s)
+		SELECT "offset", transaction_id, uuid, payload, metadata FROM %s
+		WHERE (transaction_id, "offset") > ((SELECT last_processed_transaction_id FROM last_processed),
+				(SELECT offset_acked FROM last_processed))
+			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+		ORDER BY transaction_id, "offset" LIMIT %d`,
+		next.Query, s.MessagesTable(topic), s.SubscribeBatchSize)
+	return wmsql.Query{Query: fmt.Sprintf(mergeSQL, page, MaxEventsPerRelay, MergeRowsBelow), Args: next.Args}
+}
+
+// mergeSQL groups a page of outbox rows (%[1]s) in commit order:
+//
+//   - A row of %[3]d events or more is a group of its own, and so is a row
+//     whose destination topic does not lead its envelope (forwarder's
+//     layout, read without parsing the whole payload).
+//   - Consecutive smaller rows to one destination topic form a run; a run
+//     is cut into groups where %[2]d events came before in it.
+//
+// It returns a row per group in the default layout: the last row's offset,
+// transaction id and uuid (the ack's position); a group of one row is that
+// row, and a group of several has the JSON array of their payloads (forwarder
+// envelopes) and mergedRowsKey in its metadata, which UnmarshalMessage merges.
+const mergeSQL = `WITH page AS (
+%[1]s
+), marked AS (
+	SELECT p.*, substring(p.payload::text FROM '^\{"destination_topic":"([^"\\]*)"') AS dest,
+		coalesce((p.metadata->>'` + EventsMetadataKey + `')::bigint, 1) AS n,
+		row_number() OVER (ORDER BY p.transaction_id, p."offset") AS rn
+	FROM page p
+), runs AS (
+	SELECT m.*,
+		CASE WHEN m.n >= %[3]d OR m.dest IS NULL THEN -m.rn
+			ELSE count(*) FILTER (WHERE m.n >= %[3]d OR m.dest IS NULL) OVER w END AS run,
+		sum(CASE WHEN m.dest IS DISTINCT FROM m.prev THEN 1 ELSE 0 END) OVER w AS seg
+	FROM (SELECT marked.*, lag(dest) OVER (ORDER BY rn) AS prev FROM marked) m
+	WINDOW w AS (ORDER BY m.rn)
+), grouped AS (
+	SELECT r.*, ((sum(n) OVER (PARTITION BY seg, run ORDER BY rn) - n)::bigint / %[2]d) AS chunk
+	FROM runs r
+), groups AS (
+	SELECT seg, run, chunk, max(rn) AS last_rn, count(*) AS rows FROM grouped GROUP BY seg, run, chunk
+), merged AS (
+	SELECT g.last_rn, json_agg(x.payload ORDER BY x.rn) AS payloads
+	FROM groups g JOIN grouped x USING (seg, run, chunk)
+	WHERE g.rows > 1
+	GROUP BY g.last_rn
+)
+SELECT l."offset", l.transaction_id, l.uuid,
+	CASE WHEN g.rows = 1 THEN l.payload ELSE m.payloads END AS payload,
+	CASE WHEN g.rows = 1 THEN l.metadata ELSE json_build_object('` + mergedRowsKey + `', g.rows::text) END AS metadata
+FROM groups g JOIN grouped l ON l.rn = g.last_rn LEFT JOIN merged m ON m.last_rn = g.last_rn
+ORDER BY g.last_rn`
+
+// mergedRowsKey marks a row of mergeSQL that holds several rows' envelopes.
+const mergedRowsKey = "outbox_merged_rows"
+
+// envelope is a forwarder envelope, in watermill's layout.
+type envelope struct {
+	DestinationTopic string           `json:"destination_topic"`
+	UUID             string           `json:"uuid"`
+	Payload          []byte           `json:"payload"`
+	Metadata         message.Metadata `json:"metadata"`
+}
+
+// UnmarshalMessage reads a row as the default schema does and merges the
+// envelopes of a group into one envelope whose payload is a batch of all
+// their events, in order (pack's layout). A row of one event written before
+// batches becomes one element.
+func (s relaySchema) UnmarshalMessage(row wmsql.Scanner) (wmsql.Row, error) {
+	r, err := s.DefaultPostgreSQLSchema.UnmarshalMessage(row)
+	if err != nil || r.Msg.Metadata.Get(mergedRowsKey) == "" {
+		return r, err
+	}
+	var rows []envelope
+	if err := json.Unmarshal(r.Payload, &rows); err != nil {
+		return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+	}
+	var events []json.RawMessage
+	for _, env := range rows {
+		if env.Metadata.Get(EventsMetadataKey) == "" {
+			ev, err := json.Marshal(packedEvent{UUID: env.UUID, Payload: env.Payload, Metadata: env.Metadata})
+			if err != nil {
+				return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+			}
+			events = append(events, ev)
+			continue
+		}
+		var evs []json.RawMessage
+		if err := json.Unmarshal(env.Payload, &evs); err != nil {
+			return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+		}
+		events = append(events, evs...)
+	}
+	batch, err := json.Marshal(events)
+	if err != nil {
+		return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+	}
+	last := rows[len(rows)-1]
+	meta := message.Metadata{EventsMetadataKey: strconv.Itoa(len(events))}
+	r.Payload, err = json.Marshal(envelope{DestinationTopic: last.DestinationTopic, UUID: last.UUID, Payload: batch, Metadata: meta})
+	if err != nil {
+		return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+	}
+	r.Msg = message.NewMessage(string(r.UUID), r.Payload)
+	r.Msg.Metadata = meta
+	return r, nil
+}
