@@ -41,6 +41,7 @@ func consumerPartitions() []int {
 // each reports events/s of both sides and their ratio (target >= 0.8), and
 // logs the consumer's mean events per transaction.
 func BenchmarkConsumer(b *testing.B) {
+	withoutSpanRecording(b)
 	for _, partitions := range consumerPartitions() {
 		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
 			var rawSecs, consumerSecs float64
