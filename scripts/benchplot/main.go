@@ -1,6 +1,6 @@
 // Command benchplot draws docs/benchmarks.md's plot from the output of
 // BenchmarkConsumer: consumer events/s against the topic's partition count,
-// with the raw-SQL baseline of the same run.
+// with the raw-SQL baseline of the same run (one transaction per event).
 //
 //	go test -run '^$' -bench BenchmarkConsumer -benchtime 1x ./router/ | go run ./scripts/benchplot -o docs/benchmarks-consumer.png
 package main
@@ -78,7 +78,7 @@ func draw(points []point, path string) error {
 		name string
 		xys  plotter.XYs
 		dash []vg.Length
-	}{{"consumer (Kafka → chain → PostgreSQL)", consumer, nil}, {"raw SQL, same statements and concurrency", raw, []vg.Length{vg.Points(4), vg.Points(3)}}} {
+	}{{"consumer (Kafka → chain → PostgreSQL)", consumer, nil}, {"raw SQL, one transaction per event, as many workers", raw, []vg.Length{vg.Points(4), vg.Points(3)}}} {
 		l, pts, err := plotter.NewLinePoints(s.xys)
 		if err != nil {
 			return err
