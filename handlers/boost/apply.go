@@ -56,8 +56,9 @@ func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome,
 // project's published objects only. ApplyBatch keeps these sums by deltas: a
 // contribution whose state changes adds new − old (weight while active, else
 // 0) to the cards it addresses. The deltas of the whole batch are summed per
-// card and written by one statement after one lock statement, whatever the
-// number of events, contributions or cards. A card that does not exist yet is
+// card and written by one statement, after one statement of advisory locks
+// and one of card-row locks (lock.go), whatever the number of events,
+// contributions or cards. A card that does not exist yet is
 // not an error; its contribution is kept and the card's upsert sums it.
 //
 // Two events of one purchase must not share a batch: each is guarded against
@@ -83,14 +84,6 @@ func applyBatch(ctx context.Context, q querier, evs []event.PurchaseChanged) ([]
 	}
 	if len(in.purchases) == 0 {
 		return outs, nil
-	}
-	if q.stmts != nil {
-		// A prepared statement's generic plan cannot see how many ids its
-		// arrays hold: it scans whole card tables where the custom plan reads
-		// the indexes. The custom plan still saves the parse.
-		if err := q.exec(ctx, `SET LOCAL plan_cache_mode = force_custom_plan`); err != nil {
-			return nil, wrap("set plan cache mode", err)
-		}
 	}
 	// Before any read; see lock.go for the order and the races it closes.
 	l.Shared = true
