@@ -149,6 +149,9 @@ func ListPropertyObjectCards(ctx context.Context, q sqlx.QueryerContext, project
 // boost is kept; the caller forgets the consumer's dedup marks in the same tx.
 // Events and card upserts wait until tx ends, so that none computes a boost
 // from the contributions being deleted and the replay's deltas start from zero.
+// It waits for the batches in flight without deadlocking them: it takes the
+// tables in the global lock order (lock.go), and the caller forgets the dedup
+// marks only after it.
 func ResetTx(ctx context.Context, tx *sqlx.Tx) error {
 	_, err := tx.ExecContext(ctx, lockProjectionSQL+`;
 		DELETE FROM catalog.promotion_contributions;

@@ -12,16 +12,31 @@ import (
 //
 // Lock order, the same in every transaction that writes a boost:
 //
+//  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
+//     order), when the transaction is the consumer's unit of work;
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
 //     the purchases (exclusive), then projects, then property objects;
-//  2. card rows, in one statement (lockCardsSQL): project cards sorted by
-//     id, then property-object cards sorted by id (ORDER BY id FOR NO KEY
-//     UPDATE). The apply statement that follows writes only rows it holds,
-//     so it never waits and never re-checks a row (EvalPlanQual): two
-//     batches on shared cards queue in this cheap statement instead.
+//  2. the card tables, then card rows, in one statement (lockCardsSQL):
+//     project_cards and property_object_cards (ROW SHARE, taken as the
+//     statement starts), then project cards sorted by id, then
+//     property-object cards sorted by id (ORDER BY id FOR NO KEY UPDATE).
+//     The apply statement that follows writes only rows it holds, so it
+//     never waits and never re-checks a row (EvalPlanQual): two batches on
+//     shared cards queue in this cheap statement instead;
+//  3. the contribution table (the apply statement), last.
+//
+// A whole-projection writer (ResetTx, RecomputeAllTx: lockProjectionSQL)
+// takes the three tables EXCLUSIVE in the same order, card tables first,
+// then the contributions, and only then forgets the dedup keys (a rebuild).
+// It takes no advisory lock and needs no dedup key row that a batch holds
+// (a batch's new keys are invisible to it), so it waits only for the card
+// tables of batches in flight, while holding nothing they still need.
 //
 // A transaction waits only for a lock that comes later in this order than
-// every lock it holds, so writers of boosts never deadlock.
+// every lock it holds, so writers of boosts never deadlock. A card table
+// lock the writer is queued for does not stop a batch that already holds
+// that table from taking its write lock on it (PostgreSQL grants a lock
+// ahead of a queued request that conflicts with one the requester holds).
 //
 // Who takes what, and why:
 //

@@ -34,13 +34,17 @@ func objectBoost(id, projectID, published string) string {
 		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
 }
 
-// lockProjectionSQL holds back every writer of boosts (events and card
-// upserts) until the transaction ends, and waits for those in flight, so that
+// lockProjectionSQL holds back every writer of boosts (events, card upserts,
+// repairs) until the transaction ends, and waits for those in flight, so that
 // a write of the whole projection has none half on each side of it. EXCLUSIVE
-// lets reads through. An event waits at the contribution table before it has
-// locked any card row, so the order of the three tables cannot deadlock it.
-const lockProjectionSQL = `LOCK TABLE catalog.promotion_contributions, catalog.project_cards,
-	catalog.property_object_cards IN EXCLUSIVE MODE`
+// lets reads through. The tables are taken in the global lock order (lock.go):
+// the card tables first, then the contributions. A live batch holds both card
+// tables (lockCardsSQL) before it touches the contributions, so this statement
+// waits for it at the card tables while holding nothing the batch still needs;
+// taking the contributions first would hold what the batch's apply waits for,
+// while waiting for the batch's card tables: a deadlock.
+const lockProjectionSQL = `LOCK TABLE catalog.project_cards, catalog.property_object_cards,
+	catalog.promotion_contributions IN EXCLUSIVE MODE`
 
 // CardDrift is a card whose stored boost differs from the replica's sum.
 type CardDrift struct {

@@ -1,0 +1,148 @@
+package rebuild_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/rebuild"
+)
+
+// TestRebuild_ResetDoesNotDeadlockWithALiveBatch forces, with lock waits seen
+// in pg_stat_activity, the interleaving in which a whole-projection writer
+// (the rebuild's reset, RecomputeAllTx) starts while a live batch holds the
+// card tables and has not yet touched the contributions: the batch goes on to
+// its apply, and both commit.
+func TestRebuild_ResetDoesNotDeadlockWithALiveBatch(t *testing.T) {
+	t.Parallel()
+	t.Run("rebuild reset", func(t *testing.T) {
+		b := catalogtest.New(t, true)
+		b.Start(t)
+		rb, err := rebuild.New(rebuild.Config{DB: b.DB, Brokers: b.Cfg.Brokers, Topic: b.Cfg.Topic,
+			Chain: b.Catalog.Chain, Log: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		t.Cleanup(rb.Stop)
+		raceWithALiveBatch(t, b, func(ctx context.Context) error {
+			_, err := rb.Run(ctx)
+			return err
+		})
+		require.Zero(t, contributions(t, b), "the reset ran after the batch committed")
+	})
+	t.Run("recompute all", func(t *testing.T) {
+		b := catalogtest.New(t, true)
+		raceWithALiveBatch(t, b, func(ctx context.Context) error {
+			tx, err := b.DB.BeginTxx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback() //nolint:errcheck // no-op after commit
+			if _, err := boost.RecomputeAllTx(ctx, tx); err != nil {
+				return err
+			}
+			return tx.Commit()
+		})
+		drift, err := boost.Drift(t.Context(), b.DB)
+		require.NoError(t, err)
+		require.Empty(t, drift)
+	})
+}
+
+// raceWithALiveBatch runs a live batch on a project and one of its published
+// objects, held inside its card-lock statement by a third session's lock on
+// the object's row, so that it holds both card tables; then starts writer and
+// waits until writer waits for the batch; then lets the batch go on to its
+// apply. Both must commit.
+func raceWithALiveBatch(t *testing.T, b *catalogtest.Bundle, writer func(context.Context) error) {
+	t.Helper()
+	ctx := t.Context()
+	project, object := uuid.New(), uuid.New()
+	b.ProjectCard(t, project)
+	b.ObjectCard(t, object, project, true)
+	applier, err := boost.Prepare(ctx, b.DB)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = applier.Close() })
+
+	holder := b.DB.MustBeginTx(ctx, nil)
+	defer holder.Rollback() //nolint:errcheck // rolled back below; a no-op then
+	holderPid := backendPid(t, holder)
+	holder.MustExec(`SELECT 1 FROM catalog.property_object_cards WHERE id = $1 FOR NO KEY UPDATE`, object)
+
+	batchPid := make(chan int, 1)
+	batchDone := make(chan error, 1)
+	go func() {
+		batchDone <- func() error {
+			tx, err := b.DB.BeginTxx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback() //nolint:errcheck // no-op after commit
+			var pid int
+			if err := tx.Get(&pid, `SELECT pg_backend_pid()`); err != nil {
+				return err
+			}
+			batchPid <- pid
+			ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 10, catalogtest.Target(event.TargetProject, project))
+			outs, err := applier.ApplyBatch(ctx, tx, []event.PurchaseChanged{ev})
+			if err != nil {
+				return err
+			}
+			if outs[0].CardsRecomputed != 2 {
+				t.Errorf("the batch recomputed %d cards, want the project and its object", outs[0].CardsRecomputed)
+			}
+			return tx.Commit()
+		}()
+	}()
+	pid := <-batchPid
+	require.Equal(t, pid, waitBlockedBy(t, b.DB, holderPid), "the batch waits inside its card locks")
+
+	writerDone := make(chan error, 1)
+	go func() { writerDone <- writer(context.WithoutCancel(ctx)) }()
+	waitBlockedBy(t, b.DB, pid) // the writer waits for the batch's card tables
+
+	require.NoError(t, holder.Rollback())
+	for name, done := range map[string]chan error{"live batch": batchDone, "writer": writerDone} {
+		select {
+		case err := <-done:
+			var pqErr *pq.Error
+			if err != nil && errors.As(err, &pqErr) {
+				t.Errorf("%s failed with SQLSTATE %s (%s): %v", name, pqErr.Code, pqErr.Code.Name(), err)
+			} else {
+				require.NoError(t, err, name)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s did not end", name)
+		}
+	}
+}
+
+// backendPid is the PostgreSQL backend of tx.
+func backendPid(t *testing.T, tx *sqlx.Tx) int {
+	t.Helper()
+	var pid int
+	require.NoError(t, tx.Get(&pid, `SELECT pg_backend_pid()`))
+	return pid
+}
+
+// waitBlockedBy waits until a backend of db's database waits for a lock that
+// the backend blocker holds, and returns its pid.
+func waitBlockedBy(t *testing.T, db *sqlx.DB, blocker int) int {
+	t.Helper()
+	var pid int
+	require.Eventually(t, func() bool {
+		err := db.Get(&pid, `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))
+			ORDER BY pid LIMIT 1`, blocker)
+		return err == nil
+	}, 30*time.Second, 5*time.Millisecond, "no backend waits for a lock of backend %d", blocker)
+	return pid
+}
