@@ -22,6 +22,14 @@ const (
 	GroupCommitMaxBatchDefault = 64
 	GroupCommitWorkersDefault  = 2
 	GroupCommitTimeoutDefault  = 30 * time.Second
+	// GroupCommitMaxLocksDefault bounds the locks of one transaction. A
+	// PostgreSQL server's shared lock table holds max_locks_per_transaction
+	// (64) × about max_connections + 22 entries: about 7,800 on a default
+	// server, 2,700 on one of 20 connections. 256 a transaction, 512 for the
+	// two workers of a catalog process, leaves room for several processes and
+	// every other session, and still lets 64 events of one or two targets
+	// share a transaction.
+	GroupCommitMaxLocksDefault = 256
 )
 
 // GroupCommitConfig configures GroupCommit.
@@ -34,6 +42,16 @@ type GroupCommitConfig struct {
 	Workers int
 	// Timeout bounds one transaction. Defaults to 30s.
 	Timeout time.Duration
+	// MaxLocks caps the locks the items of one transaction take together, as
+	// Locks counts them, so that a batch of wide items never fills the
+	// server's shared lock table (53200 out of shared memory, for every
+	// session of the cluster). An item that needs more than MaxLocks alone
+	// goes alone. Defaults to 256.
+	MaxLocks int
+	// Locks counts the locks that applying one item takes (for the boost
+	// consumer: its purchase and each of its card targets, boost.Locks).
+	// Defaults to one lock per item.
+	Locks func(item any) int
 	// Dedup names and reports the dedup keys.
 	Dedup DedupConfig
 	// OnBatch, if set, is called after each transaction with its size (for a metric).
@@ -47,8 +65,8 @@ func (c GroupCommitConfig) Validate() error {
 	if c.DB == nil {
 		errs = append(errs, errors.New("group commit: a database is required"))
 	}
-	if c.MaxBatch < 1 || c.Workers < 1 || c.Timeout <= 0 {
-		errs = append(errs, errors.New("group commit: max batch, workers and timeout must be positive"))
+	if c.MaxBatch < 1 || c.Workers < 1 || c.Timeout <= 0 || c.MaxLocks < 1 {
+		errs = append(errs, errors.New("group commit: max batch, workers, timeout and max locks must be positive"))
 	}
 	return errors.Join(append(errs, c.Dedup.Validate())...)
 }
@@ -57,6 +75,10 @@ func (c *GroupCommitConfig) setDefaults() {
 	c.MaxBatch = cmp.Or(c.MaxBatch, GroupCommitMaxBatchDefault)
 	c.Workers = cmp.Or(c.Workers, GroupCommitWorkersDefault)
 	c.Timeout = cmp.Or(c.Timeout, GroupCommitTimeoutDefault)
+	c.MaxLocks = cmp.Or(c.MaxLocks, GroupCommitMaxLocksDefault)
+	if c.Locks == nil {
+		c.Locks = func(any) int { return 1 }
+	}
 	c.Dedup.setDefaults()
 }
 
@@ -94,6 +116,7 @@ type waiter[T, R any] struct {
 	msg         *message.Message
 	key, serial string
 	item        T
+	locks       int
 	done        chan struct{}
 	// Set before done closes.
 	result R
@@ -125,7 +148,8 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 		// all but the first would be dropped as duplicates.
 		return result, false, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
 	}
-	w := &waiter[T, R]{msg: msg, key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item, done: make(chan struct{})}
+	w := &waiter[T, R]{msg: msg, key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
+		locks: g.cfg.Locks(item), done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	if g.running < g.cfg.Workers {
@@ -174,17 +198,23 @@ func (g *GroupCommit[T, R]) lead() {
 }
 
 // take removes from the queue, in order, up to MaxBatch waiters whose keys
-// and serials differ; the others stay for a later transaction. g.mu is held.
+// and serials differ and whose locks fit in MaxLocks together (the first
+// waiter is taken whatever its locks); the others stay for a later
+// transaction, and so does every later waiter of a serial left behind, so
+// that a serial's items keep their order. g.mu is held.
 func (g *GroupCommit[T, R]) take() []*waiter[T, R] {
 	var batch, rest []*waiter[T, R]
 	seen := map[string]bool{}
+	locks := 0
 	for _, w := range g.queue {
+		fits := len(batch) == 0 || locks+w.locks <= g.cfg.MaxLocks
 		switch {
 		case w.gone:
-		case len(batch) < g.cfg.MaxBatch && !seen["k"+w.key] && !seen["s"+w.serial]:
+		case len(batch) < g.cfg.MaxBatch && fits && !seen["k"+w.key] && !seen["s"+w.serial]:
 			seen["k"+w.key], seen["s"+w.serial] = true, true
-			batch = append(batch, w)
+			batch, locks = append(batch, w), locks+w.locks
 		default:
+			seen["s"+w.serial] = true
 			rest = append(rest, w)
 		}
 	}

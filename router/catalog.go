@@ -61,6 +61,10 @@ type CatalogConfig struct {
 	// Workers caps the consumer transactions in flight at once. Defaults to
 	// middleware.GroupCommitWorkersDefault.
 	Workers int
+	// MaxLocks caps the advisory locks of one consumer transaction (each
+	// event's purchase and card targets, boost.Locks); an event wider than it
+	// goes alone. Defaults to middleware.GroupCommitMaxLocksDefault.
+	MaxLocks int
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -73,8 +77,8 @@ func (c CatalogConfig) Validate() error {
 	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
 		errs = append(errs, errors.New("retry intervals must be positive with max >= initial"))
 	}
-	if c.MaxBatch < 1 || c.Workers < 1 {
-		errs = append(errs, errors.New("consumer max batch and workers must be positive"))
+	if c.MaxBatch < 1 || c.Workers < 1 || c.MaxLocks < 1 {
+		errs = append(errs, errors.New("consumer max batch, workers and max locks must be positive"))
 	}
 	if c.DedupRetention <= 0 || c.JanitorInterval <= 0 || c.AuditInterval <= 0 {
 		errs = append(errs, errors.New("dedup retention, janitor and audit intervals must be positive"))
@@ -97,6 +101,7 @@ func (c *CatalogConfig) setDefaults() {
 	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
 	c.MaxBatch = cmp.Or(c.MaxBatch, middleware.GroupCommitMaxBatchDefault)
 	c.Workers = cmp.Or(c.Workers, middleware.GroupCommitWorkersDefault)
+	c.MaxLocks = cmp.Or(c.MaxLocks, middleware.GroupCommitMaxLocksDefault)
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion
@@ -196,7 +201,8 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 		return catalogMiddlewares{}, err
 	}
 	uow, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{
-		DB: db, MaxBatch: cfg.MaxBatch, Workers: cfg.Workers,
+		DB: db, MaxBatch: cfg.MaxBatch, Workers: cfg.Workers, MaxLocks: cfg.MaxLocks,
+		Locks: func(item any) int { return boost.Locks(item.(event.PurchaseChanged)) },
 		Dedup: middleware.DedupConfig{
 			Logger:      log,
 			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },

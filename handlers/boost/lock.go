@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/lib/pq"
+
+	"github.com/promoflow/promoflow/handlers/event"
 )
 
 // Locking: at most one advisory lock per purchase and per target, however
@@ -99,6 +101,18 @@ const lockCardsSQL = `WITH p AS (
 	ORDER BY id FOR NO KEY UPDATE
 )
 SELECT count(*) FROM o`
+
+// Locks is how many advisory locks ApplyBatch takes for ev, counted against
+// the lock bound of the consumer's group commit: its purchase and each
+// distinct Project and PropertyObject target, none for an event of Post
+// targets only. Its cascade to a project's objects takes no advisory lock.
+func Locks(ev event.PurchaseChanged) int {
+	projects, objects := splitTargets(ev.Targets)
+	if n := len(projects) + len(objects); n > 0 {
+		return 1 + n
+	}
+	return 0
+}
 
 // locks names the advisory locks one transaction takes (ids in
 // uuid.UUID.String form, as PostgreSQL prints them).
