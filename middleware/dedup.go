@@ -27,7 +27,8 @@ type DedupConfig struct {
 	KeyPrefix string
 	// Logger receives the "skipped-duplicate" record. Defaults to slog.Default().
 	Logger *slog.Logger
-	// OnDuplicate, if set, is called once for every skipped duplicate (for a metric).
+	// OnDuplicate, if set, is called once for every message acked as a
+	// duplicate, in its handler's goroutine (for a metric).
 	OnDuplicate func(msg *message.Message)
 }
 

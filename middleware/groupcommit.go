@@ -111,9 +111,12 @@ type GroupCommit[T, R any] struct {
 	running int
 }
 
-// waiter is one message waiting for its transaction.
+// waiter is one message waiting for its transaction. It holds what the
+// transaction needs of the message, taken when the waiter is made, and not
+// the message itself: the message's handler can return (its context ended)
+// while a transaction still runs with its item, and the chain above the
+// handler then sets the message's context again.
 type waiter[T, R any] struct {
-	msg         *message.Message
 	key, serial string
 	item        T
 	locks       int
@@ -148,7 +151,7 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 		// all but the first would be dropped as duplicates.
 		return result, false, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
 	}
-	w := &waiter[T, R]{msg: msg, key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
+	w := &waiter[T, R]{key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
 		locks: g.cfg.Locks(item), done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
@@ -160,6 +163,11 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 
 	select {
 	case <-w.done:
+		if w.dup {
+			// Here, in the handler's goroutine: only a message acked as a
+			// duplicate is reported as one.
+			g.cfg.Dedup.skipped(msg, w.key)
+		}
 		return w.result, w.dup, w.err
 	case <-msg.Context().Done():
 		g.mu.Lock()
@@ -290,9 +298,7 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
 		w.result = results[i]
 	}
 	for _, w := range batch {
-		if w.dup = !stored[w.key]; w.dup {
-			g.cfg.Dedup.skipped(w.msg, w.key)
-		}
+		w.dup = !stored[w.key]
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/rebuild"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // TestRebuild_ResetDoesNotDeadlockWithALiveBatch forces, with lock waits seen
@@ -74,7 +74,7 @@ func raceWithALiveBatch(t *testing.T, b *catalogtest.Bundle, writer func(context
 
 	holder := b.DB.MustBeginTx(ctx, nil)
 	defer holder.Rollback() //nolint:errcheck // rolled back below; a no-op then
-	holderPid := backendPid(t, holder)
+	holderPid := pgtest.BackendPid(t, holder)
 	holder.MustExec(`SELECT 1 FROM catalog.property_object_cards WHERE id = $1 FOR NO KEY UPDATE`, object)
 
 	batchPid := make(chan int, 1)
@@ -103,11 +103,11 @@ func raceWithALiveBatch(t *testing.T, b *catalogtest.Bundle, writer func(context
 		}()
 	}()
 	pid := <-batchPid
-	require.Equal(t, pid, waitBlockedBy(t, b.DB, holderPid), "the batch waits inside its card locks")
+	require.Equal(t, pid, pgtest.WaitBlockedBy(t, b.DB, holderPid), "the batch waits inside its card locks")
 
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- writer(context.WithoutCancel(ctx)) }()
-	waitBlockedBy(t, b.DB, pid) // the writer waits for the batch's card tables
+	pgtest.WaitBlockedBy(t, b.DB, pid) // the writer waits for the batch's card tables
 
 	require.NoError(t, holder.Rollback())
 	for name, done := range map[string]chan error{"live batch": batchDone, "writer": writerDone} {
@@ -123,26 +123,4 @@ func raceWithALiveBatch(t *testing.T, b *catalogtest.Bundle, writer func(context
 			t.Fatalf("%s did not end", name)
 		}
 	}
-}
-
-// backendPid is the PostgreSQL backend of tx.
-func backendPid(t *testing.T, tx *sqlx.Tx) int {
-	t.Helper()
-	var pid int
-	require.NoError(t, tx.Get(&pid, `SELECT pg_backend_pid()`))
-	return pid
-}
-
-// waitBlockedBy waits until a backend of db's database waits for a lock that
-// the backend blocker holds, and returns its pid.
-func waitBlockedBy(t *testing.T, db *sqlx.DB, blocker int) int {
-	t.Helper()
-	var pid int
-	require.Eventually(t, func() bool {
-		err := db.Get(&pid, `SELECT pid FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))
-			ORDER BY pid LIMIT 1`, blocker)
-		return err == nil
-	}, 30*time.Second, 5*time.Millisecond, "no backend waits for a lock of backend %d", blocker)
-	return pid
 }

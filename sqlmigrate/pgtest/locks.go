@@ -1,0 +1,32 @@
+package pgtest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+)
+
+// BackendPid is the PostgreSQL backend that runs tx.
+func BackendPid(t testing.TB, tx *sqlx.Tx) int {
+	t.Helper()
+	var pid int
+	require.NoError(t, tx.Get(&pid, `SELECT pg_backend_pid()`))
+	return pid
+}
+
+// WaitBlockedBy waits until a backend of db's database waits for a lock that
+// the backend blocker holds (pg_stat_activity, pg_blocking_pids), and returns
+// its pid: a test forces an interleaving by lock waits, not by sleeps.
+func WaitBlockedBy(t testing.TB, db *sqlx.DB, blocker int) int {
+	t.Helper()
+	var pid int
+	require.Eventually(t, func() bool {
+		err := db.Get(&pid, `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))
+			ORDER BY pid LIMIT 1`, blocker)
+		return err == nil
+	}, 30*time.Second, 5*time.Millisecond, "no backend waits for a lock of backend %d", blocker)
+	return pid
+}
