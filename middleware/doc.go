@@ -9,11 +9,14 @@
 //  3. PoisonQueue (poison.go): sees only what Retry gave up on as Permanent,
 //     writes it to the DLQ with its key and headers, and acks it, so the
 //     partition flows on.
-//  4. Retry (retry.go): classifies errors by type; infrastructure errors retry
-//     without end with backoff (pausing the partition) but yield a revoked
-//     partition (rebalance.go's Claims); conflicts get 3 immediate re-runs;
-//     contract violations become Permanent at once. It sits outside the unit
-//     of work, so every attempt runs in a fresh transaction.
+//  4. Retry (retry.go): a message whose partition was revoked (rebalance.go's
+//     Claims) yields whatever its error, before any classification, so
+//     nothing is dead-lettered for an offset that will not be committed.
+//     Otherwise it classifies errors by type: infrastructure errors retry
+//     without end with backoff (pausing the partition); conflicts get 3
+//     immediate re-runs; contract violations become Permanent at once. It
+//     sits outside the unit of work, so every attempt runs in a fresh
+//     transaction.
 //  5. ContractVersion (contractversion.go): warns and counts a mismatch, and
 //     proceeds (the seed's warn-and-proceed); the payload's own validation decides.
 //  6. Span "catalog.promotion.process": one per attempt.

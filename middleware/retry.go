@@ -119,6 +119,11 @@ func (c *RetryConfig) setDefaults() {
 }
 
 // Retry classifies the inner chain's errors by type and re-runs it:
+//   - an error of a message whose context ended (shutdown) is returned as it
+//     is, to nack the message, and one whose partition was revoked yields
+//     (see RetryConfig.Session), whatever the error: neither is classified,
+//     so nothing is dead-lettered for a message whose offset will not be
+//     committed;
 //   - a *Permanent passes through;
 //   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once;
 //   - a conflict (IsConflict) is re-run immediately up to ConflictRetries times,
@@ -147,14 +152,10 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				if err == nil {
 					return out, nil
 				}
-				var perm *Permanent
-				if errors.As(err, &perm) {
-					return nil, err
-				}
-				var contract *event.ContractError
-				if errors.As(err, &contract) {
-					return nil, &Permanent{Code: CodeContractViolation, Reason: contract.Error(), Err: err}
-				}
+				// Before any classification: the offset of a message whose
+				// context or session ended is not committed, so its next
+				// delivery decides, and a dead letter written now would be
+				// written again then.
 				ctx := msg.Context()
 				if ctx.Err() != nil {
 					// Shutting down: nack, never DLQ.
@@ -162,6 +163,14 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				}
 				if sess.Err() != nil {
 					return cfg.yield(msg, err)
+				}
+				var perm *Permanent
+				if errors.As(err, &perm) {
+					return nil, err
+				}
+				var contract *event.ContractError
+				if errors.As(err, &contract) {
+					return nil, &Permanent{Code: CodeContractViolation, Reason: contract.Error(), Err: err}
 				}
 				if cfg.IsConflict(err) {
 					if conflicts >= cfg.ConflictRetries {
