@@ -33,7 +33,7 @@ func runDLQReplay(ctx context.Context, args []string) error {
 	s.str(&cfg.SourceTopic, "source-topic", "PROMOTION_TOPIC", event.Topic, "purchase topic; the replay refuses to write to it")
 	s.str(&cfg.Group, "group", "DLQ_REPLAY_GROUP", "", "consumer group that keeps the position (default: one per filter)")
 	s.str(&cfg.Reason, "reason", "DLQ_REPLAY_REASON", "", "replay only records whose x-dlq-reason contains this")
-	s.str(&cfg.ErrorCode, "error-code", "DLQ_REPLAY_ERROR_CODE", "", "replay only records with this x-dlq-error-code (contract_violation, conflict_exhausted)")
+	s.str(&cfg.ErrorCode, "error-code", "DLQ_REPLAY_ERROR_CODE", "", "replay only records with this x-dlq-error-code (contract_violation, conflict_exhausted, sql_rejected)")
 	s.str(&cfg.ID, "id", "DLQ_REPLAY_ID", "", "replay only the records of this PurchaseId or MessageId")
 	s.bool(&cfg.DryRun, "dry-run", "DLQ_REPLAY_DRY_RUN", false, "list what would be replayed and parked; publish and commit nothing")
 	s.int(&max, "max", "DLQ_REPLAY_MAX", 0, "stop after this many replayed records (0: all)")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
@@ -19,6 +20,11 @@ const (
 	CodeContractViolation = "contract_violation"
 	// CodeConflictExhausted is an optimistic-lock conflict that outlived its retries.
 	CodeConflictExhausted = "conflict_exhausted"
+	// CodeSQLRejected is an error PostgreSQL raised for the data or the
+	// statement itself, SQLSTATE class 22 (data exception), 23 (integrity
+	// constraint violation) or 42 (syntax error or access rule violation):
+	// every re-run of the message raises it again.
+	CodeSQLRejected = "sql_rejected"
 )
 
 // Retry kinds passed to RetryConfig.OnRetry and logged as "kind".
@@ -126,6 +132,9 @@ func (c *RetryConfig) setDefaults() {
 //     committed;
 //   - a *Permanent passes through;
 //   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once;
+//   - a PostgreSQL error of SQLSTATE class 22, 23 or 42 (the data or the
+//     statement, not the server) becomes Permanent{Code: CodeSQLRejected} at
+//     once: a re-run raises it again, and would stall the partition for ever;
 //   - a conflict (IsConflict) is re-run immediately up to ConflictRetries times,
 //     each in a fresh transaction of the unit of work inside, then becomes
 //     Permanent{Code: CodeConflictExhausted};
@@ -172,6 +181,9 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				if errors.As(err, &contract) {
 					return nil, &Permanent{Code: CodeContractViolation, Reason: contract.Error(), Err: err}
 				}
+				if rejected, ok := rejectedSQL(err); ok {
+					return nil, &Permanent{Code: CodeSQLRejected, Reason: rejected, Err: err}
+				}
 				if cfg.IsConflict(err) {
 					if conflicts >= cfg.ConflictRetries {
 						return nil, &Permanent{
@@ -204,6 +216,23 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 			}
 		}
 	}, nil
+}
+
+// rejectedSQL describes the PostgreSQL error in err's chain that a re-run
+// would raise again: SQLSTATE class 22 (data exception), 23 (integrity
+// constraint violation) or 42 (syntax error or access rule violation). A
+// connection error, a server going away or a timeout (classes 08, 53, 57, ...)
+// is not one: it clears by itself.
+func rejectedSQL(err error) (string, bool) {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return "", false
+	}
+	switch pqErr.Code.Class() {
+	case "22", "23", "42":
+		return fmt.Sprintf("SQLSTATE %s (%s): %s", pqErr.Code, pqErr.Code.Name(), pqErr.Message), true
+	}
+	return "", false
 }
 
 // attempt runs the chain once, on a context that also ends with the session.
