@@ -71,8 +71,12 @@ type RetryConfig struct {
 	// example errors.Is(err, boost.ErrConflict)). Required.
 	IsConflict func(error) bool
 	// ConflictRetries is how many immediate re-runs a conflict gets before it is
-	// Permanent. Defaults to 3.
+	// Permanent. Defaults to 3 (0 means the default; see NoConflictRetries).
 	ConflictRetries int
+	// NoConflictRetries makes a conflict Permanent after its first run, with
+	// no re-run: zero retries, which ConflictRetries: 0 cannot say. Leave
+	// ConflictRetries unset with it.
+	NoConflictRetries bool
 	// InitialInterval is the wait before the first infrastructure retry. Defaults to 1s.
 	InitialInterval time.Duration
 	// MaxInterval caps the infrastructure backoff. Defaults to 60s.
@@ -107,6 +111,9 @@ func (c RetryConfig) Validate() error {
 	if c.ConflictRetries < 0 {
 		errs = append(errs, errors.New("conflict retries must be >= 0"))
 	}
+	if c.NoConflictRetries && c.ConflictRetries != 0 {
+		errs = append(errs, errors.New("conflict retries are set together with no conflict retries"))
+	}
 	if c.InitialInterval <= 0 || c.MaxInterval < c.InitialInterval {
 		errs = append(errs, errors.New("intervals must be positive with max >= initial"))
 	}
@@ -117,7 +124,9 @@ func (c RetryConfig) Validate() error {
 }
 
 func (c *RetryConfig) setDefaults() {
-	c.ConflictRetries = cmp.Or(c.ConflictRetries, RetryConflictRetriesDefault)
+	if !c.NoConflictRetries {
+		c.ConflictRetries = cmp.Or(c.ConflictRetries, RetryConflictRetriesDefault)
+	}
 	c.InitialInterval = cmp.Or(c.InitialInterval, RetryInitialIntervalDefault)
 	c.MaxInterval = cmp.Or(c.MaxInterval, RetryMaxIntervalDefault)
 	c.Multiplier = cmp.Or(c.Multiplier, RetryMultiplierDefault)
