@@ -18,11 +18,10 @@ import (
 // stops the cycle between batches and is not an error.
 func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 	start := time.Now()
-	res = Result{RunID: uuid.NewString(), AsOf: e.Now().UTC().Truncate(time.Microsecond)}
+	res = Result{RunID: uuid.NewString()}
 	// The run id is the correlation id of the cycle span and of every event
 	// the cycle emits, so a trace joins them.
-	ctx, span := tracer.Start(ctx, "promotion.expire.cycle", trace.WithAttributes(
-		attribute.String("correlation_id", res.RunID), attribute.String("as_of", res.AsOf.Format(time.RFC3339Nano))))
+	ctx, span := tracer.Start(ctx, "promotion.expire.cycle", trace.WithAttributes(attribute.String("correlation_id", res.RunID)))
 	defer func() {
 		span.SetAttributes(attribute.Int("expired_count", res.ExpiredCount), attribute.Int("poison_count", res.PoisonCount),
 			attribute.Int("skipped_locked_count", res.SkippedLockedCount), attribute.Int("batches", res.Batches))
@@ -33,7 +32,12 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 		span.End()
 	}()
 	log := e.log.With("runId", res.RunID)
-	log.Info("cycle started", "AsOf", res.AsOf)
+	if res.AsOf, err = databaseNow(ctx, e.db); err != nil {
+		res.Duration = time.Since(start)
+		return res, err
+	}
+	span.SetAttributes(attribute.String("as_of", res.AsOf.Format(time.RFC3339Nano)))
+	log.Info("cycle started", "AsOf", res.AsOf, "clockSkew", e.Now().Sub(res.AsOf).Round(time.Millisecond).String())
 
 	poison := map[uuid.UUID]bool{}
 	drained := false

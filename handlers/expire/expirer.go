@@ -40,7 +40,10 @@ type Expirer struct {
 	db  *sqlx.DB
 	cfg Config
 	log *slog.Logger
-	// Now is the clock for AsOf. Defaults to time.Now.
+	// Now is the process's clock. It decides nothing: AsOf and the wake-up
+	// read the database's clock (clock.go). A cycle logs how far Now runs
+	// from it (clockSkew), so an instance with a wrong clock shows. Defaults
+	// to time.Now.
 	Now func() time.Time
 }
 

@@ -22,11 +22,12 @@ import (
 // of every purchase write on one global lock. A paid purchase ends days after
 // it is created, so a re-arm within a second costs no accuracy.
 //
-// Clock skew: a cycle compares EndsAt with AsOf, the expirer's clock
-// (Expirer.Now). Wakeup waits on that same clock for the stored EndsAt and
-// never uses PostgreSQL's now(), so a skew between the process and PostgreSQL
-// does not move it. Each instance wakes by its own clock; the one ahead
-// expires first, as with ticks.
+// Clock skew: a cycle compares EndsAt with AsOf, the database's clock
+// (clock.go). Wakeup waits on that same clock: each read returns the earliest
+// EndsAt with the database's now, and the process waits out their difference
+// on its monotonic timer, never on its wall clock. An instance whose clock
+// runs ahead or behind wakes neither before an EndsAt (to find nothing due,
+// and then sleep past it) nor after it.
 type Wakeup struct {
 	exp *Expirer
 	c   chan struct{}
@@ -50,15 +51,15 @@ func (w *Wakeup) Run(ctx context.Context) {
 	poll := w.exp.cfg.WakeupPoll
 	log := w.exp.log
 	// What is due at start is the first tick's work; what a woken cycle leaves
-	// due is the ticker's. Waking only for an EndsAt after the last wake keeps
-	// a poison row from waking the expirer again and again.
-	after := w.now()
-	var armed time.Time
+	// due is the ticker's. Waking only for an EndsAt after the last wake (the
+	// database's time of the start, then of each wake) keeps a poison row
+	// from waking the expirer again and again.
+	var after, armed time.Time
 	failing := false
 	timer := time.NewTimer(poll)
 	defer timer.Stop()
 	for {
-		next, found, err := purchase.NextDueAfter(ctx, w.exp.db, after)
+		due, err := purchase.NextDueAfter(ctx, w.exp.db, after)
 		wait := poll
 		if err != nil {
 			if ctx.Err() != nil {
@@ -71,20 +72,23 @@ func (w *Wakeup) Run(ctx context.Context) {
 		} else {
 			failing = false
 		}
-		if found {
-			now := w.now()
-			if !now.Before(next) {
-				w.signal()
-				// The cycle takes its AsOf later on the same clock, so it
-				// covers every EndsAt up to now.
-				after = now
-				continue
+		switch {
+		case err != nil:
+		case after.IsZero():
+			after = due.Now
+			continue
+		case due.Found && !due.Now.Before(due.EndsAt):
+			w.signal()
+			// The cycle reads its AsOf later on the same clock, so it
+			// covers every EndsAt up to now.
+			after = due.Now
+			continue
+		case due.Found:
+			if !due.EndsAt.Equal(armed) {
+				armed = due.EndsAt
+				log.Debug("expire wake-up armed", "EndsAt", due.EndsAt)
 			}
-			if !next.Equal(armed) {
-				armed = next
-				log.Debug("expire wake-up armed", "EndsAt", next)
-			}
-			wait = min(wait, next.Sub(now))
+			wait = min(wait, due.EndsAt.Sub(due.Now))
 		}
 		timer.Reset(wait)
 		select {
@@ -93,12 +97,6 @@ func (w *Wakeup) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
-}
-
-// now is the expirer's clock at PostgreSQL's precision: every stored EndsAt
-// above it is above the unrounded time too.
-func (w *Wakeup) now() time.Time {
-	return w.exp.Now().UTC().Truncate(time.Microsecond)
 }
 
 func (w *Wakeup) signal() {

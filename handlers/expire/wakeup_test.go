@@ -20,16 +20,19 @@ func runWakeup(t *testing.T, w *expire.Wakeup) <-chan struct{} {
 	return done
 }
 
-// TestWakeup_SignalsAtEachEndsAtOnTheExpirersClock: the process's clock is an
-// hour ahead of PostgreSQL's, and the wake-up follows the process's, which
-// AsOf uses. A purchase it woke for and that no cycle expired does not wake
-// it again: the second signal waits for the second EndsAt.
-func TestWakeup_SignalsAtEachEndsAtOnTheExpirersClock(t *testing.T) {
+// TestWakeup_SignalsAtEachEndsAtOnTheDatabasesClock: the process's clock is
+// an hour ahead of PostgreSQL's, and the wake-up follows PostgreSQL's, which
+// AsOf uses: a purchase that ends in half an hour does not wake it, and each
+// signal comes once the database's clock reached the EndsAt. A purchase it
+// woke for and that no cycle expired does not wake it again: the second
+// signal waits for the second EndsAt.
+func TestWakeup_SignalsAtEachEndsAtOnTheDatabasesClock(t *testing.T) {
 	b := setup(t, expire.Config{WakeupPoll: 50 * time.Millisecond})
-	const skew = time.Hour
-	b.exp.Now = func() time.Time { return time.Now().Add(skew) }
-	purchasetest.SeedActive(t, b.db, 1, time.Now().Add(skew-time.Minute)) // due at start: the first tick's
-	first := time.Now().Add(skew + 300*time.Millisecond).Truncate(time.Microsecond)
+	b.exp.Now = func() time.Time { return time.Now().Add(time.Hour) }
+	start := databaseNow(t, b.db)
+	purchasetest.SeedActive(t, b.db, 1, start.Add(-time.Minute))   // due at start: the first tick's
+	purchasetest.SeedActive(t, b.db, 1, start.Add(30*time.Minute)) // due by the process's clock only
+	first := start.Add(300 * time.Millisecond)
 	second := first.Add(300 * time.Millisecond)
 	purchasetest.SeedActive(t, b.db, 2, first)
 	purchasetest.SeedActive(t, b.db, 1, second)
@@ -39,7 +42,8 @@ func TestWakeup_SignalsAtEachEndsAtOnTheExpirersClock(t *testing.T) {
 	for _, endsAt := range []time.Time{first, second} {
 		select {
 		case <-w.C():
-			require.False(t, b.exp.Now().Before(endsAt), "woke before EndsAt %s", endsAt)
+			now := databaseNow(t, b.db)
+			require.False(t, now.Before(endsAt), "woke at %s, before EndsAt %s by the database's clock", now, endsAt)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no wake-up for EndsAt %s", endsAt)
 		}

@@ -158,20 +158,34 @@ func CountDue(ctx context.Context, q sqlx.QueryerContext, asOf time.Time, exclud
 	return n.All, n.Rest, nil
 }
 
-// NextDueAfter is the earliest EndsAt after `after` of an Active purchase;
-// found is false when there is none. It is an index-only read of
+// NextDue is the earliest upcoming EndsAt of an Active purchase, read with the
+// database's clock, so that a caller can wait for it on that clock.
+type NextDue struct {
+	// EndsAt is the earliest EndsAt; zero when Found is false.
+	EndsAt time.Time
+	// Found is false when no Active purchase ends after the bound.
+	Found bool
+	// Now is the database's clock as the read ran.
+	Now time.Time
+}
+
+// NextDueAfter is the earliest EndsAt after `after` of an Active purchase,
+// with the database's clock. It is an index-only read of
 // promotion_purchases_due_idx, and the lower bound keeps it short: the scan
 // starts past the due rows a cycle left Active (poison, locked elsewhere) and
 // past the index entries of rows expired since the last vacuum, which a bare
 // min(ends_at) walks through (0.03 ms against 245 ms after 100k expiries at
 // 1M rows).
-func NextDueAfter(ctx context.Context, q sqlx.QueryerContext, after time.Time) (next time.Time, found bool, err error) {
-	var v sql.NullTime
-	if err := sqlx.GetContext(ctx, q, &v, `SELECT min(ends_at) FROM promotion.promotion_purchases
-		WHERE status = 'Active' AND ends_at > $1`, after); err != nil {
-		return time.Time{}, false, fmt.Errorf("read next due: %w", err)
+func NextDueAfter(ctx context.Context, q sqlx.QueryerContext, after time.Time) (NextDue, error) {
+	var v struct {
+		EndsAt sql.NullTime `db:"ends_at"`
+		Now    time.Time    `db:"now"`
 	}
-	return v.Time.UTC(), v.Valid, nil
+	if err := sqlx.GetContext(ctx, q, &v, `SELECT min(ends_at) AS ends_at, now() AS now FROM promotion.promotion_purchases
+		WHERE status = 'Active' AND ends_at > $1`, after); err != nil {
+		return NextDue{}, fmt.Errorf("read next due: %w", err)
+	}
+	return NextDue{EndsAt: v.EndsAt.Time.UTC(), Found: v.EndsAt.Valid, Now: v.Now.UTC()}, nil
 }
 
 func uuidStrings(ids []uuid.UUID) []string {
