@@ -62,7 +62,11 @@ func (c *Config) setDefaults() {
 }
 
 // Auditor checks and repairs the projection.
-type Auditor struct{ cfg Config }
+type Auditor struct {
+	cfg Config
+	// Test seam, run once the replica check read the topic's end offsets.
+	afterEnds func(context.Context) error
+}
 
 // New validates cfg (after defaults) and returns an Auditor.
 func New(cfg Config) (*Auditor, error) {

@@ -54,12 +54,23 @@ type contribution struct {
 // Replica reads the whole purchase topic up to its end now, keeps each
 // purchase's newest event, and compares the replica's contributions with it.
 // Records the consumer group has not consumed yet make their purchase pending.
+//
+// The replica is read after the topic, so the live consumer can have applied
+// records past the end the check read: a purchase whose replica holds a
+// newer version than the records read (or that the records read do not name)
+// is pending when the topic's records since that end hold that version, and
+// drift when no record on the topic does.
 func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	var r ReplicaReport
 	if len(a.cfg.Brokers) == 0 || a.cfg.ConsumerGroup == "" {
 		return r, errors.New("audit: the replica check needs kafka brokers and the consumer group")
 	}
-	want, err := a.readTopic(ctx, &r)
+	client, err := bounded.Dial(a.cfg.Brokers, "promoflow-audit")
+	if err != nil {
+		return r, err
+	}
+	defer client.Close()
+	want, ends, err := a.readTopic(ctx, client, &r)
 	if err != nil {
 		return r, err
 	}
@@ -67,10 +78,14 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	if err != nil {
 		return r, err
 	}
+	later, err := a.readSince(ctx, client, ends, ahead(want, have))
+	if err != nil {
+		return r, err
+	}
 	r.Purchases = int64(len(want))
 	var drift []PurchaseDrift
 	for id, l := range want {
-		if l.pending {
+		if l.pending || later.holds(id, have[id]) {
 			r.Pending++
 			continue
 		}
@@ -78,8 +93,13 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 			drift = append(drift, PurchaseDrift{id, problem})
 		}
 	}
-	for id := range have {
-		if _, ok := want[id]; !ok {
+	for id, cs := range have {
+		switch _, ok := want[id]; {
+		case ok:
+		case later.holds(id, cs):
+			r.Purchases++
+			r.Pending++
+		default:
 			drift = append(drift, PurchaseDrift{id, "in the replica but not on the topic"})
 		}
 	}
@@ -89,19 +109,21 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	return r, nil
 }
 
-func (a *Auditor) readTopic(ctx context.Context, r *ReplicaReport) (map[uuid.UUID]*latest, error) {
-	client, err := bounded.Dial(a.cfg.Brokers, "promoflow-audit")
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
+// readTopic reads every record up to the partitions' ends now, and returns
+// each purchase's newest event and the ranges it read.
+func (a *Auditor) readTopic(ctx context.Context, client *bounded.Client, r *ReplicaReport) (map[uuid.UUID]*latest, []bounded.Range, error) {
 	parts, err := client.Partitions(a.cfg.Topic)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if a.afterEnds != nil {
+		if err := a.afterEnds(ctx); err != nil {
+			return nil, nil, err
+		}
 	}
 	admin, err := client.Admin()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ids := make([]int32, len(parts))
 	ranges := make([]bounded.Range, len(parts))
@@ -110,7 +132,7 @@ func (a *Auditor) readTopic(ctx context.Context, r *ReplicaReport) (map[uuid.UUI
 	}
 	committed, err := admin.ListConsumerGroupOffsets(a.cfg.ConsumerGroup, map[string][]int32{a.cfg.Topic: ids})
 	if err != nil {
-		return nil, fmt.Errorf("offsets of group %s: %w", a.cfg.ConsumerGroup, err)
+		return nil, nil, fmt.Errorf("offsets of group %s: %w", a.cfg.ConsumerGroup, err)
 	}
 	consumed := func(p int32, offset int64) bool {
 		b := committed.GetBlock(a.cfg.Topic, p)
@@ -139,9 +161,77 @@ func (a *Auditor) readTopic(ctx context.Context, r *ReplicaReport) (map[uuid.UUI
 		return nil
 	}, nil)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", a.cfg.Topic, err)
+		return nil, nil, fmt.Errorf("read %s: %w", a.cfg.Topic, err)
 	}
-	return want, nil
+	return want, ranges, nil
+}
+
+// newest is the highest version of a purchase's contributions, 0 for none.
+func newest(cs []contribution) int64 {
+	var v int64
+	for _, c := range cs {
+		v = max(v, c.Version)
+	}
+	return v
+}
+
+// ahead names the purchases whose replica is newer than the records read:
+// a higher version, or no record at all.
+func ahead(want map[uuid.UUID]*latest, have map[uuid.UUID][]contribution) map[uuid.UUID]bool {
+	out := map[uuid.UUID]bool{}
+	for id, cs := range have {
+		if l, ok := want[id]; !ok || newest(cs) > l.version {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// versionsSince maps a purchase to the newest version its records since the
+// ends read hold.
+type versionsSince map[uuid.UUID]int64
+
+// holds reports whether the records since the ends hold the version of the
+// replica's contributions cs of purchase id, or a newer one.
+func (v versionsSince) holds(id uuid.UUID, cs []contribution) bool {
+	seen, ok := v[id]
+	return ok && len(cs) > 0 && seen >= newest(cs)
+}
+
+// readSince reads the records past the ends read, up to the partitions'
+// ends now, for the purchases in ids only; nothing when ids is empty.
+func (a *Auditor) readSince(ctx context.Context, client *bounded.Client, read []bounded.Range, ids map[uuid.UUID]bool) (versionsSince, error) {
+	out := versionsSince{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	parts, err := client.Partitions(a.cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	ranges := make([]bounded.Range, 0, len(parts))
+	for _, p := range parts {
+		for _, r := range read {
+			if r.Partition == p.Partition {
+				ranges = append(ranges, bounded.Range{Topic: p.Topic, Partition: p.Partition, From: r.End, End: p.Newest})
+			}
+		}
+	}
+	var mu sync.Mutex
+	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
+		ev, err := event.Parse(rec.Value)
+		if err != nil || !ids[ev.PurchaseId] {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out[ev.PurchaseId] = max(out[ev.PurchaseId], ev.Version)
+		return nil
+	}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("read %s since the audit began: %w", a.cfg.Topic, err)
+	}
+	return out, nil
 }
 
 func (a *Auditor) readReplica(ctx context.Context) (map[uuid.UUID][]contribution, error) {
