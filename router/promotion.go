@@ -155,8 +155,10 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 
 // addRelay adds the forwarder: outbox rows in commit order → Kafka, keyed by
 // PurchaseId. A row carries its transaction's events, sent in one round trip.
-// A failed send nacks the row, which is resent whole before any later one, so
-// per-purchase order holds and delivery is at least once.
+// A failed send nacks the row, which is resent before any later one, so
+// per-purchase order holds and delivery is at least once; the resend leaves
+// out the events Kafka acknowledged already (kafkakit.Resender), so a partly
+// refused group does not fill the topic with duplicates while Kafka is sick.
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
@@ -186,7 +188,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 			return out, err
 		}
 	}
-	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: tracingPublisher{pub}}, wlog, forwarder.Config{
+	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
 		Middlewares:    []message.HandlerMiddleware{countRelayed},

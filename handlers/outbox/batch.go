@@ -80,7 +80,8 @@ func EventCount(msg *message.Message) int {
 // Unpacker is the relay's publisher: the events of each outbox message go to
 // the wrapped publisher in one Publish call, so that the wrapped publisher can
 // send them in one round trip and one SQL ack covers them all. A failed call
-// fails the whole message, which the relay then resends whole.
+// fails the whole message, which the relay then resends with all its events,
+// in order; the wrapped publisher leaves out those Kafka already took.
 type Unpacker struct {
 	message.Publisher
 }

@@ -30,7 +30,8 @@ func NewBatchPublisher(brokers []string, clientID string, marshaler kafka.Marsha
 // Publish sends msgs to topic and returns once Kafka has acknowledged every
 // one, or an error. Within a partition the records keep the order of msgs
 // (idempotent producer, one request in flight). When Kafka refuses some of
-// them, the error is a *BatchError; the others are on Kafka.
+// them, the error is a *BatchError; the others are on Kafka, and its
+// Delivered names those a resend may leave out.
 func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 	records := make([]*sarama.ProducerMessage, len(msgs))
 	for i, msg := range msgs {
@@ -49,6 +50,7 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 			uuid, _ := pe.Msg.Metadata.(string)
 			be.Failed[uuid] = pe.Err
 		}
+		be.Delivered = delivered(records, be.Failed)
 		return be
 	}
 	if err != nil {
@@ -66,8 +68,35 @@ func (p *BatchPublisher) Close() error {
 type BatchError struct {
 	// Failed maps the UUID of each message Kafka did not acknowledge to its error.
 	Failed map[string]error
+	// Delivered holds the UUID of each message Kafka acknowledged and that no
+	// refused message of the same key precedes in the batch: a resend may
+	// leave these out and still keep every key's order. (An acknowledged
+	// message behind a refused one of its key goes again after it, so that the
+	// key's last record stays its newest.)
+	Delivered map[string]bool
 	// Total is the size of the batch.
 	Total int
+}
+
+// delivered is BatchError.Delivered of records, in the order they were sent.
+func delivered(records []*sarama.ProducerMessage, failed map[string]error) map[string]bool {
+	out := make(map[string]bool, len(records)-len(failed))
+	refusedKeys := map[string]bool{}
+	for _, r := range records {
+		uuid, _ := r.Metadata.(string)
+		var key string
+		if r.Key != nil {
+			b, _ := r.Key.Encode()
+			key = string(b)
+		}
+		switch {
+		case failed[uuid] != nil:
+			refusedKeys[key] = true
+		case r.Key == nil || !refusedKeys[key]:
+			out[uuid] = true
+		}
+	}
+	return out
 }
 
 func (e *BatchError) Error() string {

@@ -49,6 +49,41 @@ func TopicWith(t testing.TB, spec kafkakit.Topic) string {
 	return spec.Name
 }
 
+// TopicConfigured creates a topic of the test's own with the given
+// partitions and topic configs (such as max.message.bytes), in effect from
+// its first record.
+func TopicConfigured(t testing.TB, partitions int32, configs map[string]string) string {
+	t.Helper()
+	name := "pf-test-" + RandomSuffix()
+	entries := make(map[string]*string, len(configs))
+	for k, v := range configs {
+		entries[k] = &v
+	}
+	admin, err := sarama.NewClusterAdmin(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1,
+		ConfigEntries: entries}, false))
+	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
+	waitForLeaders(t, name, partitions)
+	return name
+}
+
+// SetTopicConfig sets one config of a topic and waits until the broker
+// reports it.
+func SetTopicConfig(t testing.TB, topic, key, value string) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.IncrementalAlterConfig(sarama.TopicResource, topic, map[string]sarama.IncrementalAlterConfigsEntry{
+		key: {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &value}}, false))
+	require.Eventually(t, func() bool {
+		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{key}})
+		return err == nil && len(entries) == 1 && entries[0].Value == value
+	}, 30*time.Second, 50*time.Millisecond, "topic %s: %s is not %s", topic, key, value)
+}
+
 // CleanupTopic deletes a topic that the code under test created when the test ends.
 func CleanupTopic(t testing.TB, name string) {
 	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
