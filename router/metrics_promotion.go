@@ -19,8 +19,11 @@ type PromotionMetrics struct {
 	OutboxBacklog prometheus.Gauge
 	OutboxLag     prometheus.Gauge
 	OutboxRelayed prometheus.Counter
-	OutboxCleaned prometheus.Counter
-	KeysCleaned   prometheus.Counter
+	// OutboxUnreadable counts the relay's attempts at an outbox row it
+	// cannot unwrap: it rises each second while the relay is stuck on one.
+	OutboxUnreadable prometheus.Counter
+	OutboxCleaned    prometheus.Counter
+	KeysCleaned      prometheus.Counter
 }
 
 // NewPromotionMetrics registers the series on reg.
@@ -42,6 +45,8 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 		OutboxBacklog: r.gauge("promotion_outbox_backlog", "Outbox events not yet relayed to Kafka."),
 		OutboxLag:     r.gauge("promotion_outbox_lag_seconds", "Age of the oldest outbox event not yet relayed."),
 		OutboxRelayed: r.counter("promotion_outbox_relayed_total", "Outbox events relayed to Kafka."),
+		OutboxUnreadable: r.counter("promotion_outbox_unreadable_rows_total",
+			"Relay attempts at an outbox row it cannot unwrap; the relay retries the row each second and relays nothing behind it."),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
 		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 	}

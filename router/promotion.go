@@ -147,7 +147,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	})
 	p.tickers = []*tickSource{expireTicks, janitorTicks, keyTicks}
 
-	if err := p.addRelay(db, m, wlog, cfg); err != nil {
+	if err := p.addRelay(db, m, log, wlog, cfg); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -159,7 +159,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // per-purchase order holds and delivery is at least once; the resend leaves
 // out the events Kafka acknowledged already (kafkakit.Resender), so a partly
 // refused group does not fill the topic with duplicates while Kafka is sick.
-func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
+func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
 		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize),
@@ -179,11 +179,18 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 		p.closers = append(p.closers, kp.Close)
 		pub = kp
 	}
-	countRelayed := func(h message.HandlerFunc) message.HandlerFunc {
+	observeRelay := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
-			if err == nil {
+			switch {
+			case err == nil:
 				m.OutboxRelayed.Add(float64(outbox.EventCount(msg)))
+			case errors.Is(err, outbox.ErrUnreadable):
+				// The relay retries the row each second and relays nothing
+				// behind it: loud, so that someone repairs it.
+				m.OutboxUnreadable.Inc()
+				log.Error("outbox row unreadable; the relay stops at it until it is repaired",
+					"offset", msg.Metadata.Get(outbox.OffsetMetadataKey), "error", err.Error())
 			}
 			return out, err
 		}
@@ -191,7 +198,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, wlog watermill.Lo
 	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
-		Middlewares:    []message.HandlerMiddleware{countRelayed},
+		Middlewares:    []message.HandlerMiddleware{observeRelay},
 	})
 	if err != nil {
 		return fmt.Errorf("outbox forwarder: %w", err)

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -14,6 +15,20 @@ import (
 // its value is how many. The row's metadata column holds it too, so that the
 // backlog and the relayed counter count events without decoding payloads.
 const EventsMetadataKey = "outbox_events"
+
+// OffsetMetadataKey carries, on a message the relay read, the offset (id in
+// MessagesTable) of its row, or of the last row of a merged group; of the
+// unreadable row when the message is one (ErrUnreadable).
+const OffsetMetadataKey = "outbox_offset"
+
+// unreadableKey marks a message the relay read from a row it cannot read;
+// its value says why.
+const unreadableKey = "outbox_unreadable"
+
+// ErrUnreadable is an outbox row the relay cannot unwrap into its events. The
+// relay stops at it, keeping the order of the rows behind it, until the row is
+// repaired (docs/runbooks/outbox-backlog.md).
+var ErrUnreadable = errors.New("unreadable outbox row")
 
 // MaxEventsPerRow is the most events one outbox row carries; a transaction
 // that writes more fills several rows. It bounds the row the relay holds in
@@ -48,16 +63,20 @@ func pack(msgs []*message.Message) (*message.Message, error) {
 // Unpack returns the events msg carries, in the order they were written, each
 // with msg's context. A message without EventsMetadataKey is one event: a row
 // written before batches existed.
+// A message it cannot unwrap is an ErrUnreadable.
 func Unpack(msg *message.Message) ([]*message.Message, error) {
+	if reason := msg.Metadata.Get(unreadableKey); reason != "" {
+		return nil, fmt.Errorf("%w: %s", ErrUnreadable, reason)
+	}
 	if msg.Metadata.Get(EventsMetadataKey) == "" {
 		return []*message.Message{msg}, nil
 	}
 	var events []packedEvent
 	if err := json.Unmarshal(msg.Payload, &events); err != nil {
-		return nil, fmt.Errorf("unpack outbox batch %s: %w", msg.UUID, err)
+		return nil, fmt.Errorf("%w: batch %s: %w", ErrUnreadable, msg.UUID, err)
 	}
 	if n := EventCount(msg); n != len(events) {
-		return nil, fmt.Errorf("unpack outbox batch %s: %d events, %d announced", msg.UUID, len(events), n)
+		return nil, fmt.Errorf("%w: batch %s: %d events, %d announced", ErrUnreadable, msg.UUID, len(events), n)
 	}
 	out := make([]*message.Message, len(events))
 	for i, e := range events {

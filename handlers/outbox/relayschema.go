@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"strconv"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -63,7 +66,9 @@ func (s relaySchema) SelectQuery(topic, consumerGroup string, offsets wmsql.Offs
 // It returns a row per group in the default layout: the last row's offset,
 // transaction id and uuid (the ack's position); a group of one row is that
 // row, and a group of several has the JSON array of their payloads (forwarder
-// envelopes) and mergedRowsKey in its metadata, which UnmarshalMessage merges.
+// envelopes) and, in its metadata, mergedRowsKey, the rows' offsets in order
+// (mergedOffsetsKey) and their destination topic (mergedDestinationKey),
+// which UnmarshalMessage merges.
 const mergeSQL = `WITH page AS (
 %[1]s
 ), marked AS (
@@ -84,19 +89,26 @@ const mergeSQL = `WITH page AS (
 ), groups AS (
 	SELECT seg, run, chunk, max(rn) AS last_rn, count(*) AS rows FROM grouped GROUP BY seg, run, chunk
 ), merged AS (
-	SELECT g.last_rn, json_agg(x.payload ORDER BY x.rn) AS payloads
+	SELECT g.last_rn, json_agg(x.payload ORDER BY x.rn) AS payloads,
+		string_agg(x."offset"::text, ',' ORDER BY x.rn) AS offsets
 	FROM groups g JOIN grouped x USING (seg, run, chunk)
 	WHERE g.rows > 1
 	GROUP BY g.last_rn
 )
 SELECT l."offset", l.transaction_id, l.uuid,
 	CASE WHEN g.rows = 1 THEN l.payload ELSE m.payloads END AS payload,
-	CASE WHEN g.rows = 1 THEN l.metadata ELSE json_build_object('` + mergedRowsKey + `', g.rows::text) END AS metadata
+	CASE WHEN g.rows = 1 THEN l.metadata ELSE json_build_object('` + mergedRowsKey + `', g.rows::text,
+		'` + mergedOffsetsKey + `', m.offsets, '` + mergedDestinationKey + `', l.dest) END AS metadata
 FROM groups g JOIN grouped l ON l.rn = g.last_rn LEFT JOIN merged m ON m.last_rn = g.last_rn
 ORDER BY g.last_rn`
 
-// mergedRowsKey marks a row of mergeSQL that holds several rows' envelopes.
-const mergedRowsKey = "outbox_merged_rows"
+// Metadata of a row of mergeSQL that holds several rows' envelopes: how many,
+// their offsets and their destination topic.
+const (
+	mergedRowsKey        = "outbox_merged_rows"
+	mergedOffsetsKey     = "outbox_merged_offsets"
+	mergedDestinationKey = "outbox_destination"
+)
 
 // envelope is a forwarder envelope, in watermill's layout.
 type envelope struct {
@@ -109,43 +121,99 @@ type envelope struct {
 // UnmarshalMessage reads a row as the default schema does and merges the
 // envelopes of a group into one envelope whose payload is a batch of all
 // their events, in order (pack's layout). A row of one event written before
-// batches becomes one element.
+// batches becomes one element. The message it returns carries the outbox
+// offset (OffsetMetadataKey) of its row, or, for a group, of its last row.
+//
+// A group with a row that cannot be read does not fail the relay's read
+// (which would stop the relay with no word of the row): its envelope says
+// so instead, and carries that row's offset, and Unpack refuses it with
+// ErrUnreadable, so that the relay reports the row and stops there.
 func (s relaySchema) UnmarshalMessage(row wmsql.Scanner) (wmsql.Row, error) {
 	r, err := s.DefaultPostgreSQLSchema.UnmarshalMessage(row)
-	if err != nil || r.Msg.Metadata.Get(mergedRowsKey) == "" {
+	if err != nil {
 		return r, err
 	}
-	var rows []envelope
-	if err := json.Unmarshal(r.Payload, &rows); err != nil {
+	meta := r.Msg.Metadata
+	if meta.Get(mergedRowsKey) == "" {
+		meta.Set(OffsetMetadataKey, strconv.FormatInt(r.Offset, 10))
+		return r, nil
+	}
+	offset := strconv.FormatInt(r.Offset, 10)
+	env := envelope{DestinationTopic: meta.Get(mergedDestinationKey), UUID: string(r.UUID)}
+	m, err := merge(r.Payload, strings.Split(meta.Get(mergedOffsetsKey), ","))
+	var bad *unreadableRow
+	switch {
+	case errors.As(err, &bad):
+		offset = bad.offset
+		env.Metadata = message.Metadata{unreadableKey: bad.Error()}
+	case err != nil:
+		return wmsql.Row{}, err
+	default:
+		env.UUID, env.Payload = m.lastUUID, m.batch
+		env.Metadata = message.Metadata{EventsMetadataKey: strconv.Itoa(m.events)}
+	}
+	r.Payload, err = json.Marshal(env)
+	if err != nil {
 		return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
 	}
+	r.Msg = message.NewMessage(string(r.UUID), r.Payload)
+	r.Msg.Metadata = maps.Clone(env.Metadata)
+	r.Msg.Metadata.Set(OffsetMetadataKey, offset)
+	return r, nil
+}
+
+// unreadableRow is a row of a group that merge cannot read.
+type unreadableRow struct {
+	offset string
+	err    error
+}
+
+func (e *unreadableRow) Error() string { return fmt.Sprintf("outbox row %s: %v", e.offset, e.err) }
+
+// mergedRows is a group's events as one batch payload.
+type mergedRows struct {
+	batch    []byte
+	events   int
+	lastUUID string // the last envelope's
+}
+
+// merge joins the events of a group's envelopes (payloads, a JSON array of
+// them, one per offset) into one batch payload. A row it cannot read is an
+// *unreadableRow.
+func merge(payloads []byte, offsets []string) (mergedRows, error) {
+	var rows []json.RawMessage
+	if err := json.Unmarshal(payloads, &rows); err != nil {
+		return mergedRows{}, fmt.Errorf("merge outbox rows %s: %w", strings.Join(offsets, ","), err)
+	}
+	if len(rows) != len(offsets) {
+		return mergedRows{}, fmt.Errorf("merge outbox rows %s: %d rows", strings.Join(offsets, ","), len(rows))
+	}
+	var m mergedRows
 	var events []json.RawMessage
-	for _, env := range rows {
+	for i, raw := range rows {
+		var env envelope
+		if err := json.Unmarshal(raw, &env); err != nil {
+			return mergedRows{}, &unreadableRow{offsets[i], err}
+		}
+		m.lastUUID = env.UUID
 		if env.Metadata.Get(EventsMetadataKey) == "" {
 			ev, err := json.Marshal(packedEvent{UUID: env.UUID, Payload: env.Payload, Metadata: env.Metadata})
 			if err != nil {
-				return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+				return mergedRows{}, &unreadableRow{offsets[i], err}
 			}
 			events = append(events, ev)
 			continue
 		}
 		var evs []json.RawMessage
 		if err := json.Unmarshal(env.Payload, &evs); err != nil {
-			return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+			return mergedRows{}, &unreadableRow{offsets[i], err}
 		}
 		events = append(events, evs...)
 	}
-	batch, err := json.Marshal(events)
-	if err != nil {
-		return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
+	var err error
+	if m.batch, err = json.Marshal(events); err != nil {
+		return mergedRows{}, fmt.Errorf("merge outbox rows %s: %w", strings.Join(offsets, ","), err)
 	}
-	last := rows[len(rows)-1]
-	meta := message.Metadata{EventsMetadataKey: strconv.Itoa(len(events))}
-	r.Payload, err = json.Marshal(envelope{DestinationTopic: last.DestinationTopic, UUID: last.UUID, Payload: batch, Metadata: meta})
-	if err != nil {
-		return wmsql.Row{}, fmt.Errorf("merge outbox rows up to %d: %w", r.Offset, err)
-	}
-	r.Msg = message.NewMessage(string(r.UUID), r.Payload)
-	r.Msg.Metadata = meta
-	return r, nil
+	m.events = len(events)
+	return m, nil
 }
