@@ -15,6 +15,10 @@ import (
 // returning, stall the whole group until the rebalance timeout and get the
 // member evicted. watermill-kafka derives a message's context from the
 // subscription, not from the session, hence this record of sessions.
+//
+// It follows the session, not each claim, so it relies on an eager rebalance
+// strategy, where every rebalance ends the session of every member; the
+// catalog's subscriber pins one (router.NewConsumerGroupSubscriber).
 type Claims struct {
 	mu       sync.Mutex
 	sessions map[claimKey]context.Context

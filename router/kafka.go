@@ -20,6 +20,12 @@ func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermillLo
 	sc := kafkakit.ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// An eager strategy, where every rebalance ends the session: that end is
+	// how middleware.Claims tells Retry that a partition was taken away. A
+	// cooperative strategy (cooperative-sticky) keeps the session of a member
+	// across rebalances and revokes partitions one by one, so a retry would go
+	// on for a partition that moved. Pinned here, not left to Sarama's default.
+	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRange()}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
