@@ -32,7 +32,12 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 		span.End()
 	}()
 	log := e.log.With("runId", res.RunID)
-	if res.AsOf, err = databaseNow(ctx, e.db); err != nil {
+	// Read even when shutdown has begun, as a batch would be: the loop below
+	// then stops the cycle, which is not an error.
+	clockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.BatchTimeout)
+	res.AsOf, err = databaseNow(clockCtx, e.db)
+	cancel()
+	if err != nil {
 		res.Duration = time.Since(start)
 		return res, err
 	}
