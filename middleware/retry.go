@@ -143,7 +143,8 @@ func (c *RetryConfig) setDefaults() {
 //   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once;
 //   - a PostgreSQL error of SQLSTATE class 22, 23 or 42 (the data or the
 //     statement, not the server) becomes Permanent{Code: CodeSQLRejected} at
-//     once: a re-run raises it again, and would stall the partition for ever;
+//     once: a re-run raises it again, and would stall the partition for ever
+//     (a missing privilege, table or column is the environment: it retries);
 //   - a conflict (IsConflict) is re-run immediately up to ConflictRetries times,
 //     each in a fresh transaction of the unit of work inside, then becomes
 //     Permanent{Code: CodeConflictExhausted};
@@ -231,10 +232,19 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 // would raise again: SQLSTATE class 22 (data exception), 23 (integrity
 // constraint violation) or 42 (syntax error or access rule violation). A
 // connection error, a server going away or a timeout (classes 08, 53, 57, ...)
-// is not one: it clears by itself.
+// is not one: it clears by itself. Nor is a missing privilege or object
+// (42501, 42P01, 42703, 42704, 42883): that is the database the process was
+// given (a role without a grant, a migration not applied yet), the same for
+// every message, cleared by an operator without a change of code; dead-
+// lettering it would send every event to the DLQ, so it retries, pausing the
+// partition, and the lag alert pages.
 func rejectedSQL(err error) (string, bool) {
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) {
+		return "", false
+	}
+	switch pqErr.Code {
+	case "42501", "42P01", "42703", "42704", "42883":
 		return "", false
 	}
 	switch pqErr.Code.Class() {

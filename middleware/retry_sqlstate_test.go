@@ -17,12 +17,15 @@ import (
 // TestRetry_DeterministicSQLErrorIsPermanent: an error PostgreSQL raises for
 // the data or the statement itself (SQLSTATE class 22, 23 or 42) fails the
 // same way on every re-run: it goes to the DLQ with its own error code
-// instead of stalling its partition for ever. A connection or server error
-// still retries without end, and a conflict gets its re-runs as before.
+// instead of stalling its partition for ever. A connection or server error,
+// and a missing table or privilege (the environment, the same for every
+// message), still retry without end, and a conflict gets its re-runs as before.
 func TestRetry_DeterministicSQLErrorIsPermanent(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
 	_, err := db.Exec(`CREATE TABLE mwtest_unique (id int PRIMARY KEY); INSERT INTO mwtest_unique VALUES (1)`)
+	require.NoError(t, err)
+	_, err = db.Exec(`DO $$ BEGIN CREATE ROLE mwtest_nobody; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
 	require.NoError(t, err)
 	unreachable, err := sqlx.Open("postgres", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=5")
 	require.NoError(t, err)
@@ -38,7 +41,7 @@ func TestRetry_DeterministicSQLErrorIsPermanent(t *testing.T) {
 	}{
 		{"data exception", "22012", func() error { return exec(db, `SELECT 1 / 0`) }},
 		{"integrity violation", "23505", func() error { return exec(db, `INSERT INTO mwtest_unique VALUES (1)`) }},
-		{"syntax or access", "42P01", func() error { return exec(db, `SELECT * FROM mwtest_no_such_table`) }},
+		{"syntax or access", "42804", func() error { return exec(db, `SELECT * FROM mwtest_unique WHERE id`) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stop := make(chan struct{})
@@ -65,6 +68,16 @@ func TestRetry_DeterministicSQLErrorIsPermanent(t *testing.T) {
 		run  func() error
 	}{
 		{"connection refused", func() error { return exec(unreachable, `SELECT 1`) }},
+		{"missing table (a migration not applied yet)", func() error { return exec(db, `SELECT * FROM mwtest_no_such_table`) }},
+		{"missing privilege", func() error {
+			tx, err := db.Beginx()
+			require.NoError(t, err)
+			defer tx.Rollback() //nolint:errcheck // the role lasts only as long as tx
+			_, err = tx.Exec(`SET LOCAL ROLE mwtest_nobody`)
+			require.NoError(t, err)
+			_, err = tx.Exec(`SELECT * FROM mwtest_unique`) // 42501
+			return fmt.Errorf("apply contributions: %w", err)
+		}},
 		{"statement timeout", func() error {
 			return exec(db, `SET statement_timeout = 1; SELECT pg_sleep(1)`) // 57014, class 57: the server, not the data
 		}},
