@@ -16,12 +16,12 @@ type watermillLogger = watermill.LoggerAdapter
 
 // NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
 // starts from the earliest offset when the group has none. tracer may be nil.
-func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermillLogger, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
-	sc := kafkakit.ClientConfig("promoflow-" + group)
+func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, wlog watermillLogger, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
+	sc := cluster.ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
+		Brokers: cluster.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
 		NackResendSleep: time.Second,
 		Tracer:          tracer,

@@ -56,7 +56,7 @@ type contribution struct {
 // Records the consumer group has not consumed yet make their purchase pending.
 func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	var r ReplicaReport
-	if len(a.cfg.Brokers) == 0 || a.cfg.ConsumerGroup == "" {
+	if len(a.cfg.Kafka.Brokers) == 0 || a.cfg.ConsumerGroup == "" {
 		return r, errors.New("audit: the replica check needs kafka brokers and the consumer group")
 	}
 	want, err := a.readTopic(ctx, &r)
@@ -90,7 +90,7 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 }
 
 func (a *Auditor) readTopic(ctx context.Context, r *ReplicaReport) (map[uuid.UUID]*latest, error) {
-	client, err := bounded.Dial(a.cfg.Brokers, "promoflow-audit")
+	client, err := bounded.Dial(a.cfg.Kafka, "promoflow-audit")
 	if err != nil {
 		return nil, err
 	}
