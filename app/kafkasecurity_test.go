@@ -228,8 +228,9 @@ func TestKafkaSecurity_WrongPasswordFailsFastWithAClearError(t *testing.T) {
 }
 
 // TestKafkaSecurity_UntrustedCertificateIsRefused: a broker certificate that
-// the configured CA did not sign ends the process ("certificate not
-// trusted"), and so does a client certificate of a CA the broker does not trust.
+// the configured CA did not sign, or that does not hold KAFKA_TLS_SERVER_NAME,
+// ends the process ("certificate not trusted"), and so does a client
+// certificate of a CA the broker does not trust.
 func TestKafkaSecurity_UntrustedCertificateIsRefused(t *testing.T) {
 	t.Parallel()
 	b := secureBroker(t)
@@ -237,6 +238,11 @@ func TestKafkaSecurity_UntrustedCertificateIsRefused(t *testing.T) {
 		t.Parallel()
 		requireRefused(t, with(saslEnv(b, kafkakit.MechanismSCRAMSHA512), "KAFKA_TLS_CA_FILE", b.Certs.UntrustedCAFile),
 			"certificate not trusted: the brokers' certificate does not verify against the CA file "+b.Certs.UntrustedCAFile+": x509: certificate signed by unknown authority")
+	})
+	t.Run("a name the broker certificate does not hold", func(t *testing.T) {
+		t.Parallel()
+		requireRefused(t, with(saslEnv(b, kafkakit.MechanismSCRAMSHA512), "KAFKA_TLS_SERVER_NAME", "kafka.example.org"),
+			"certificate not trusted: the brokers' certificate does not hold the name the client checks: x509: certificate is valid for localhost, not kafka.example.org")
 	})
 	t.Run("client certificate", func(t *testing.T) {
 		t.Parallel()

@@ -115,7 +115,7 @@ func (c *command) waitReady(t *testing.T, addr string) {
 	require.Eventually(t, func() bool {
 		select {
 		case <-c.done:
-			require.FailNow(t, "process ended before it was ready", "output:\n%s", c.output())
+			return true // failed below
 		default:
 		}
 		resp, err := http.Get("http://" + addr + "/readyz")
@@ -125,6 +125,11 @@ func (c *command) waitReady(t *testing.T, addr string) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 120*time.Second, 100*time.Millisecond, "not ready at %s; output:\n%s", addr, c)
+	select {
+	case <-c.done:
+		require.FailNow(t, "process ended before it was ready", "exit status %d; output:\n%s", c.cmd.ProcessState.ExitCode(), c.output())
+	default:
+	}
 }
 
 func (c *command) String() string { return c.output() }

@@ -3,6 +3,7 @@ package kafkakit
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -122,12 +123,14 @@ func (c Cluster) classify(brokers string, err error) *RefusedError {
 		return &RefusedError{Brokers: brokers, Cause: ErrAuthenticationFailed, Err: err,
 			Detail: fmt.Sprintf("the brokers do not offer the SASL mechanism %s", s.mechanism)}
 	case errors.As(err, &verify):
-		roots := "the system's roots"
+		detail := "the brokers' certificate does not verify against the system's roots"
 		if s.caFile != "" {
-			roots = "the CA file " + s.caFile
+			detail = "the brokers' certificate does not verify against the CA file " + s.caFile
 		}
-		return &RefusedError{Brokers: brokers, Cause: ErrCertificateNotTrusted, Err: verify.Err,
-			Detail: "the brokers' certificate does not verify against " + roots}
+		if errors.As(verify.Err, new(x509.HostnameError)) {
+			detail = "the brokers' certificate does not hold the name the client checks"
+		}
+		return &RefusedError{Brokers: brokers, Cause: ErrCertificateNotTrusted, Err: verify.Err, Detail: detail}
 	case errors.As(err, &op) && op.Op == "remote error" && s.tls != nil:
 		// The broker ended the TLS handshake with an alert: a listener that
 		// requires client certificates refuses a missing or unknown one.
