@@ -339,13 +339,15 @@ func TestKafkaSecurity_OperatorCommandsUseTheSameSettings(t *testing.T) {
 	producePoison(t, b, p.topic)
 
 	// The catalog dead-letters the poison record; the listing shows it.
+	var code int
+	var out string
 	require.Eventually(t, func() bool {
-		code, out := runCommand(t, p.env, time.Minute, "dlq-replay", "--list")
-		require.Zero(t, code, out)
-		return strings.Contains(out, "1 records in "+p.dlqTopic)
+		code, out = runCommand(t, p.env, time.Minute, "dlq-replay", "--list")
+		return code != 0 || strings.Contains(out, "1 records in "+p.dlqTopic)
 	}, 60*time.Second, time.Second, "dlq-replay --list never showed the dead letter")
+	require.Zero(t, code, out)
 
-	code, out := runCommand(t, p.env, time.Minute, "audit", "--replica")
+	code, out = runCommand(t, p.env, time.Minute, "audit", "--replica")
 	require.Zero(t, code, out)
 	require.Contains(t, out, "replica: 1 purchases on the topic, 0 drifted")
 
