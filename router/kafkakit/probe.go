@@ -134,6 +134,8 @@ func (c Cluster) classify(brokers string, err error) *RefusedError {
 	case errors.As(err, &op) && op.Op == "remote error" && s.tls != nil:
 		// The broker ended the TLS handshake with an alert: a listener that
 		// requires client certificates refuses a missing or unknown one.
+		// crypto/tls reports a received alert only as this net.OpError (its
+		// alert type is unexported).
 		detail := "the brokers refused the client certificate"
 		if len(s.tls.Certificates) == 0 {
 			detail = "the brokers require a client certificate (mutual TLS) and none is configured"
