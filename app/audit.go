@@ -44,7 +44,12 @@ func runAudit(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	cfg.DB, cfg.Brokers, cfg.Log = db, splitList(common.KafkaBrokers), log
+	cfg.DB, cfg.Log = db, log
+	if replica {
+		if cfg.Kafka, err = common.Kafka.connect(ctx, log); err != nil {
+			return err
+		}
+	}
 	auditor, err := audit.New(cfg)
 	if err != nil {
 		return err

@@ -54,14 +54,17 @@ func runCatalog(ctx context.Context, args []string) error {
 }
 
 func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {
+	cluster, err := cfg.Kafka.connect(ctx, log)
+	if err != nil {
+		return err
+	}
 	db, closeProcess, err := openProcess(ctx, "catalog", cfg.commonConfig, log)
 	if err != nil {
 		return err
 	}
 	defer closeProcess()
-	brokers := splitList(cfg.KafkaBrokers)
-	cfg.Consumer.Brokers = brokers
-	if err := cfg.Topics.ensure(brokers, log, cfg.Consumer.Topic, cfg.Consumer.ReplayTopic, cfg.Consumer.DLQTopic); err != nil {
+	cfg.Consumer.Kafka = cluster
+	if err := cfg.Topics.ensure(cluster, log, cfg.Consumer.Topic, cfg.Consumer.ReplayTopic, cfg.Consumer.DLQTopic); err != nil {
 		return err
 	}
 	reg := newRegistry()
@@ -73,11 +76,11 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: cfg.Consumer.Topic, Chain: c.Chain, Log: log})
+	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: cfg.Consumer.Topic, Chain: c.Chain, Log: log})
 	if err != nil {
 		return err
 	}
-	mux := newMux(reg, dbReady(db), brokersReady(brokers), routerReady(c.Ready))
+	mux := newMux(reg, dbReady(db), brokersReady(cluster.Brokers), routerReady(c.Ready))
 	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },
@@ -87,9 +90,9 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 }
 
 func (c catalogConfig) validate() error {
-	c.Consumer.Brokers = splitList(c.KafkaBrokers)
+	c.Consumer.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	errs := []error{c.commonConfig.validate(), c.Topics.validate()}
-	if len(c.Consumer.Brokers) > 0 {
+	if len(c.Consumer.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Consumer.Validate())
 	}
 	return errors.Join(errs...)

@@ -21,7 +21,7 @@ import (
 // commonConfig is what every process needs.
 type commonConfig struct {
 	DatabaseURL    string
-	KafkaBrokers   string
+	Kafka          kafkaConfig
 	HTTPAddr       string
 	LogLevel       string
 	MigrateOnStart bool
@@ -50,7 +50,7 @@ func (c *commonConfig) openCommand(ctx context.Context, s *settings, args []stri
 // registerStores registers what a command that serves no HTTP needs.
 func (c *commonConfig) registerStores(s *settings) {
 	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/db?sslmode=disable (required)")
-	s.str(&c.KafkaBrokers, "kafka-brokers", "KAFKA_BROKERS", "", "comma-separated Kafka bootstrap servers (required)")
+	c.Kafka.register(s)
 	s.str(&c.LogLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
 	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", true, "apply missing migrations at start (safe with several processes)")
 	s.int(&c.DBMaxConns, "db-max-conns", "DB_MAX_CONNS", 20, "most open PostgreSQL connections")
@@ -61,9 +61,7 @@ func (c commonConfig) validate() error {
 	if c.DatabaseURL == "" {
 		errs = append(errs, errors.New("database URL is required (--database-url or $DATABASE_URL)"))
 	}
-	if len(splitList(c.KafkaBrokers)) == 0 {
-		errs = append(errs, errors.New("kafka brokers are required (--kafka-brokers or $KAFKA_BROKERS)"))
-	}
+	errs = append(errs, c.Kafka.validate())
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
@@ -177,18 +175,18 @@ func (c topicConfig) validate() error {
 // a rebuild from the earliest offset is complete at any age), the others with
 // the broker's default retention. It warns when an existing purchase topic is
 // not compacted: a rebuild refuses once retention removed some of it.
-func (c topicConfig) ensure(brokers []string, log *slog.Logger, purchaseTopic string, others ...string) error {
+func (c topicConfig) ensure(cluster kafkakit.Cluster, log *slog.Logger, purchaseTopic string, others ...string) error {
 	if c.Create {
 		specs := []kafkakit.Topic{{Name: purchaseTopic, Partitions: int32(c.Partitions), Replication: int16(c.Replication),
 			CleanupPolicy: kafkakit.PolicyCompact}}
 		for _, t := range others {
 			specs = append(specs, kafkakit.Topic{Name: t, Partitions: int32(c.Partitions), Replication: int16(c.Replication)})
 		}
-		if err := kafkakit.EnsureTopics(brokers, specs...); err != nil {
+		if err := kafkakit.EnsureTopics(cluster, specs...); err != nil {
 			return err
 		}
 	}
-	admin, err := sarama.NewClusterAdmin(brokers, kafkakit.ClientConfig("promoflow-admin"))
+	admin, err := sarama.NewClusterAdmin(cluster.Brokers, cluster.ClientConfig("promoflow-admin"))
 	if err != nil {
 		return fmt.Errorf("connect kafka admin: %w", err)
 	}

@@ -124,6 +124,31 @@ func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
 	}
 }
 
+// TestCompose_ShowsTheKafkaSecuritySettingsWithSecretsAsFiles: the commented
+// production settings are settings of promoflow, the password comes from a
+// file under /run/secrets, and no password is written in the file.
+func TestCompose_ShowsTheKafkaSecuritySettingsWithSecretsAsFiles(t *testing.T) {
+	raw, err := os.ReadFile("../compose.yaml")
+	require.NoError(t, err)
+	known := knownEnv(func(s *settings) { (&promotionConfig{}).register(s) })
+	commented := regexp.MustCompile(`(?m)^\s*#\s*(KAFKA_[A-Z_]+):\s*(\S+)`).FindAllStringSubmatch(string(raw), -1)
+	shown := map[string]string{}
+	for _, m := range commented {
+		require.True(t, known[m[1]], "compose.yaml shows %s, which is not a setting", m[1])
+		shown[m[1]] = m[2]
+	}
+	for _, name := range []string{"KAFKA_TLS", "KAFKA_TLS_CA_FILE", "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE",
+		"KAFKA_TLS_SERVER_NAME", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD_FILE"} {
+		require.Contains(t, shown, name)
+	}
+	require.NotContains(t, shown, "KAFKA_SASL_PASSWORD", "the password comes from a file")
+	for _, file := range []string{"KAFKA_SASL_PASSWORD_FILE", "KAFKA_TLS_CA_FILE", "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE"} {
+		require.True(t, strings.HasPrefix(shown[file], "/run/secrets/"), "%s is a mounted secret", file)
+		secret := strings.TrimPrefix(shown[file], "/run/secrets/")
+		require.Regexp(t, `(?m)^#\s+`+regexp.QuoteMeta(secret)+`:\n#\s+file: \./secrets/`, string(raw), "the secret %s is declared", secret)
+	}
+}
+
 func parseTokensEnv(s string) (int, error) {
 	tokens, err := api.ParseTokens(s)
 	return len(tokens), err

@@ -53,16 +53,16 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	log := newLogger(p.LogLevel, "dev")
 
-	if p.KafkaBrokers == "" {
+	if p.Kafka.Brokers == "" {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(p.Topics.Partitions))
 		if err != nil {
 			return fmt.Errorf("embedded kafka: %w", err)
 		}
 		defer cluster.Close()
-		p.KafkaBrokers = cluster.ListenAddrs()[0]
-		log.Info("embedded kafka broker started (in memory; state is lost at exit)", "addr", p.KafkaBrokers)
+		p.Kafka.Brokers = cluster.ListenAddrs()[0]
+		log.Info("embedded kafka broker started (in memory; state is lost at exit)", "addr", p.Kafka.Brokers)
 	}
-	c.KafkaBrokers = p.KafkaBrokers
+	c.Kafka = p.Kafka
 	if err := errors.Join(p.validate(), c.commonConfig.validate(), c.Topics.validate()); err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func runDev(ctx context.Context, args []string) error {
   try: curl -s -XPUT -H 'Authorization: Bearer %s' http://%s/cards/projects/11111111-1111-4111-8111-111111111111 -d '{"Title":"Demo"}'
        curl -s -XPOST -H 'Authorization: Bearer %s' http://%s/promotions -d '{"PackageKind":"Top","BoostWeight":10,"EndsAt":"2030-01-01T00:00:00Z","Targets":[{"TargetKind":"Project","TargetId":"11111111-1111-4111-8111-111111111111"}]}'
        curl -s http://%s/cards/projects/11111111-1111-4111-8111-111111111111
-`, p.HTTPAddr, devAPIToken, c.HTTPAddr, c.AdminToken, p.KafkaBrokers,
+`, p.HTTPAddr, devAPIToken, c.HTTPAddr, c.AdminToken, p.Kafka.Brokers,
 		c.AdminToken, c.HTTPAddr, devAPIToken, p.HTTPAddr, c.HTTPAddr)
 
 	return runAll(ctx, log,

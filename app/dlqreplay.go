@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,15 +16,16 @@ import (
 
 func runDLQReplay(ctx context.Context, args []string) error {
 	var (
-		brokers, logLevel string
-		cfg               dlqreplay.Config
-		max               int
-		list              bool
+		kafka    kafkaConfig
+		logLevel string
+		cfg      dlqreplay.Config
+		max      int
+		list     bool
 	)
 	s := newSettings("dlq-replay", "Replays the Promotion Boost DLQ to the catalog-only replay topic with a Watermill forwarder.\n"+
 		"It resumes where the last run with the same filters stopped, stops at the end it saw at the start,\n"+
 		"and parks records replayed --max-replays times. --list shows what the DLQ holds and changes nothing.")
-	s.str(&brokers, "kafka-brokers", "KAFKA_BROKERS", "", "comma-separated Kafka bootstrap servers (required)")
+	kafka.register(s)
 	s.str(&logLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
 	s.bool(&list, "list", "DLQ_REPLAY_LIST", false, "print what the DLQ holds by error code and reason, and exit; writes nothing")
 	s.str(&cfg.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic to read")
@@ -45,11 +45,15 @@ func runDLQReplay(ctx context.Context, args []string) error {
 	if _, err := parseLevel(logLevel); err != nil {
 		return err
 	}
-	if len(splitList(brokers)) == 0 {
-		return errors.New("kafka brokers are required (--kafka-brokers or $KAFKA_BROKERS)")
+	if err := kafka.validate(); err != nil {
+		return err
 	}
 	log := newLoggerTo(os.Stderr, logLevel, "dlq-replay")
-	cfg.Brokers, cfg.Max, cfg.Log = splitList(brokers), int64(max), log
+	cluster, err := kafka.connect(ctx, log)
+	if err != nil {
+		return err
+	}
+	cfg.Kafka, cfg.Max, cfg.Log = cluster, int64(max), log
 	replayer, err := dlqreplay.New(cfg)
 	if err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 const usage = `promoflow: promotion expiry and promotion boost pipeline.
@@ -44,9 +46,17 @@ func main() {
 		if errors.Is(err, errDrift) {
 			os.Exit(3)
 		}
+		if errors.As(err, new(*kafkakit.RefusedError)) {
+			os.Exit(exitKafkaRefused)
+		}
 		os.Exit(1)
 	}
 }
+
+// exitKafkaRefused is the exit status of a command whose Kafka settings the
+// brokers refuse (EX_CONFIG of sysexits.h): a restart with the same settings
+// fails the same way.
+const exitKafkaRefused = 78
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {

@@ -47,7 +47,7 @@ func (c *promotionConfig) register(s *settings) {
 // wire fills in what the components share: the topic, the brokers, the retention.
 func (c *promotionConfig) wire() {
 	c.Expire.Topic, c.Purchases.Topic = c.Topic, c.Topic
-	c.Relay.Brokers = splitList(c.KafkaBrokers)
+	c.Relay.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	c.Relay.IdempotencyRetention = c.Purchases.IdempotencyRetention
 }
 
@@ -57,7 +57,7 @@ func (c promotionConfig) validate() error {
 	if _, err := api.ParseTokens(c.APITokens); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.Relay.Brokers) > 0 {
+	if len(c.Relay.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Relay.Validate())
 	}
 	return errors.Join(errs...)
@@ -76,13 +76,18 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	if len(tokens) == 0 {
 		log.Warn("no API tokens configured: every purchase API call answers 401")
 	}
+	cluster, err := cfg.Kafka.connect(ctx, log)
+	if err != nil {
+		return err
+	}
 	db, closeProcess, err := openProcess(ctx, "promotion", cfg.commonConfig, log)
 	if err != nil {
 		return err
 	}
 	defer closeProcess()
 	cfg.wire()
-	if err := cfg.Topics.ensure(cfg.Relay.Brokers, log, cfg.Topic); err != nil {
+	cfg.Relay.Kafka = cluster
+	if err := cfg.Topics.ensure(cluster, log, cfg.Topic); err != nil {
 		return err
 	}
 

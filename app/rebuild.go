@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
 
@@ -35,17 +37,25 @@ func runRebuild(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	brokers := splitList(common.KafkaBrokers)
+	// --status reads the database alone; a rebuild reads the topic.
+	connect := common.Kafka.connect
+	if status {
+		connect = func(context.Context, *slog.Logger) (kafkakit.Cluster, error) { return common.Kafka.cluster() }
+	}
+	cluster, err := connect(ctx, log)
+	if err != nil {
+		return err
+	}
 	metrics, err := router.NewCatalogMetrics(prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}
-	chain, closeChain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Brokers: brokers, Topic: topic})
+	chain, closeChain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Kafka: cluster, Topic: topic})
 	if err != nil {
 		return err
 	}
 	defer closeChain() //nolint:errcheck // statements of a connection pool about to close
-	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: brokers, Topic: topic, Chain: chain, Log: log})
+	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: topic, Chain: chain, Log: log})
 	if err != nil {
 		return err
 	}

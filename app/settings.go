@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // settings maps every flag to its environment variable in one place. A flag
@@ -28,7 +30,7 @@ func newSettings(name, summary string) *settings {
 			if def == "" {
 				def = `""`
 			}
-			fmt.Fprintf(out, "  --%-24s $%-28s default %s\n      %s\n", f.Name, s.envs[f.Name], def, f.Usage)
+			fmt.Fprintf(out, "  --%-32s $%-31s default %s\n      %s\n", f.Name, s.envs[f.Name], def, f.Usage)
 		})
 	}
 	return s
@@ -135,4 +137,20 @@ func parseCommand(name, summary string, args []string, register func(*settings),
 		return err
 	}
 	return validate()
+}
+
+// secret binds a setting whose value never prints: --help shows no default,
+// and a parse error never echoes it.
+func (s *settings) secret(p *kafkakit.Secret, name, env, usage string) {
+	s.fs.Var((*secretValue)(p), name, usage)
+	s.envs[name] = env
+}
+
+type secretValue kafkakit.Secret
+
+func (v *secretValue) String() string { return kafkakit.Secret(*v).String() }
+
+func (v *secretValue) Set(s string) error {
+	*v = secretValue(s)
+	return nil
 }

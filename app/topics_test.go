@@ -20,16 +20,16 @@ import (
 // that is not compacted draws a warning.
 func TestPurchaseTopic_IsCompacted(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t)
+	cluster := kafkatest.Cluster(t)
 	purchases, dlq := "pf-test-"+kafkatest.RandomSuffix(), "pf-test-"+kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, purchases)
 	kafkatest.CleanupTopic(t, dlq)
 	cfg := topicConfig{Partitions: 2, Replication: 1, Create: true}
 	logs := &logtest.Logs{}
 
-	require.NoError(t, cfg.ensure(brokers, logs.Logger(), purchases, dlq))
+	require.NoError(t, cfg.ensure(cluster, logs.Logger(), purchases, dlq))
 
-	admin, err := sarama.NewClusterAdmin(brokers, kafkakit.ClientConfig("promoflow-test"))
+	admin, err := sarama.NewClusterAdmin(cluster.Brokers, cluster.ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer admin.Close()
 	policiesOf := func(topic string) []string {
@@ -47,7 +47,7 @@ func TestPurchaseTopic_IsCompacted(t *testing.T) {
 	require.Empty(t, logs.Find(slog.LevelWarn, "purchase topic is not compacted"))
 
 	legacy := kafkatest.Topic(t, 1)
-	require.NoError(t, cfg.ensure(brokers, logs.Logger(), legacy))
+	require.NoError(t, cfg.ensure(cluster, logs.Logger(), legacy))
 	warned := logs.Find(slog.LevelWarn, "purchase topic is not compacted")
 	require.Len(t, warned, 1, "an existing purchase topic that is not compacted is named")
 	require.Equal(t, legacy, warned[0]["topic"])

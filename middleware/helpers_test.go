@@ -108,7 +108,7 @@ func kafkaPublisher(t *testing.T, marshaler kafka.Marshaler) message.Publisher {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               kafkatest.Brokers(t),
 		Marshaler:             marshaler,
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("test"),
+		OverwriteSaramaConfig: kafkatest.Cluster(t).DurableProducerConfig("test"),
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })

@@ -32,8 +32,8 @@ const (
 
 // CatalogConfig wires the catalog router.
 type CatalogConfig struct {
-	// Brokers are the Kafka bootstrap servers. Required.
-	Brokers []string
+	// Kafka is the cluster the consumer reads and dead-letters to. Required.
+	Kafka kafkakit.Cluster
 	// Enabled is the feature flag catalog.promotions.enabled: when false the
 	// router subscribes to nothing and the topic keeps the events.
 	Enabled bool
@@ -71,8 +71,8 @@ type CatalogConfig struct {
 func (c CatalogConfig) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("kafka brokers are required"))
+	if err := c.Kafka.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
 		errs = append(errs, errors.New("retry intervals must be positive with max >= initial"))
@@ -141,7 +141,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
 	}
-	dlq, err := newDLQPublisher(cfg.Brokers, wlog)
+	dlq, err := newDLQPublisher(cfg.Kafka, wlog)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
 	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + "-replay"} {
-		sub, err := NewConsumerGroupSubscriber(cfg.Brokers, group, wlog, claims.Tracer())
+		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, wlog, claims.Tracer())
 		if err != nil {
 			return nil, err
 		}
@@ -238,11 +238,11 @@ func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogC
 
 // newDLQPublisher writes dead letters under their record's key, so that the
 // dead letters of one purchase share a partition and a replay keeps their order.
-func newDLQPublisher(brokers []string, wlog watermillLogger) (*kafka.Publisher, error) {
+func newDLQPublisher(cluster kafkakit.Cluster, wlog watermillLogger) (*kafka.Publisher, error) {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               brokers,
+		Brokers:               cluster.Brokers,
 		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-catalog-dlq"),
+		OverwriteSaramaConfig: cluster.DurableProducerConfig("promoflow-catalog-dlq"),
 	}, wlog)
 	if err != nil {
 		return nil, fmt.Errorf("dlq publisher: %w", err)

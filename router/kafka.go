@@ -16,8 +16,8 @@ type watermillLogger = watermill.LoggerAdapter
 
 // NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
 // starts from the earliest offset when the group has none. tracer may be nil.
-func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermillLogger, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
-	sc := kafkakit.ClientConfig("promoflow-" + group)
+func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, wlog watermillLogger, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
+	sc := cluster.ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	// An eager strategy, where every rebalance ends the session: that end is
@@ -27,7 +27,7 @@ func NewConsumerGroupSubscriber(brokers []string, group string, wlog watermillLo
 	// on for a partition that moved. Pinned here, not left to Sarama's default.
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRange()}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
+		Brokers: cluster.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
 		NackResendSleep: time.Second,
 		Tracer:          tracer,

@@ -13,7 +13,6 @@ import (
 
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router"
-	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
@@ -57,7 +56,7 @@ func TestConsumerGroupSubscriber_EveryRebalanceEndsTheSessionClaimsFollows(t *te
 // subscriber, with claims recording its sessions, until the test ends.
 func runMember(t *testing.T, topic, group string, claims *middleware.Claims, h message.NoPublishHandlerFunc) {
 	t.Helper()
-	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Brokers(t), group, watermill.NopLogger{}, claims.Tracer())
+	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, watermill.NopLogger{}, claims.Tracer())
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -78,7 +77,7 @@ func kafkaPublisherOf(t *testing.T) message.Publisher {
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
 			return m.UUID, nil
 		}),
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("test"),
+		OverwriteSaramaConfig: kafkatest.Cluster(t).DurableProducerConfig("test"),
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })

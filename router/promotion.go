@@ -25,8 +25,8 @@ import (
 
 // PromotionConfig wires the promotion router.
 type PromotionConfig struct {
-	// Brokers are the Kafka bootstrap servers the relay publishes to.
-	Brokers []string
+	// Kafka is the cluster the relay publishes to. Required.
+	Kafka kafkakit.Cluster
 	// JanitorInterval is the time between outbox cleanups. Defaults to 5s.
 	JanitorInterval time.Duration
 	// OutboxPollInterval is how often the relay polls an idle outbox. Defaults to 100ms.
@@ -40,7 +40,7 @@ type PromotionConfig struct {
 	// KeyJanitorInterval is the time between idempotency key cleanups. Defaults to 10m.
 	KeyJanitorInterval time.Duration
 	// RelayPublisher sends the events of one outbox row, all in one Publish
-	// call. Defaults to a kafkakit.BatchPublisher on Brokers.
+	// call. Defaults to a kafkakit.BatchPublisher on Kafka.
 	RelayPublisher message.Publisher
 }
 
@@ -59,8 +59,8 @@ const (
 func (c PromotionConfig) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("kafka brokers are required"))
+	if err := c.Kafka.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	for name, d := range map[string]time.Duration{"outbox janitor interval": c.JanitorInterval,
 		"outbox poll interval": c.OutboxPollInterval, "idempotency key janitor interval": c.KeyJanitorInterval,
@@ -171,7 +171,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	}
 	pub := cfg.RelayPublisher
 	if pub == nil {
-		kp, err := kafkakit.NewBatchPublisher(cfg.Brokers, "promoflow-promotion-relay",
+		kp, err := kafkakit.NewBatchPublisher(cfg.Kafka, "promoflow-promotion-relay",
 			kafka.NewWithPartitioningMarshaler(event.PartitionKey))
 		if err != nil {
 			return err

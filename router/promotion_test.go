@@ -58,7 +58,7 @@ func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig,
 	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	b.metrics = m
-	rcfg.Brokers = kafkatest.Brokers(t)
+	rcfg.Kafka = kafkatest.Cluster(t)
 	rcfg.JanitorInterval = cmp.Or(rcfg.JanitorInterval, 200*time.Millisecond)
 	rcfg.OutboxPollInterval = cmp.Or(rcfg.OutboxPollInterval, 20*time.Millisecond)
 	p, err := router.NewPromotion(b.db, exp, m, log, rcfg)

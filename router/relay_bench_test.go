@@ -23,7 +23,6 @@ import (
 	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
-	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
@@ -80,7 +79,7 @@ func bareSend(b *testing.B, n int) float64 {
 		require.NoError(b, err)
 		records[i] = r
 	}
-	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(b), kafkakit.DurableProducerConfig("promoflow-bench"))
+	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(b), kafkatest.Cluster(b).DurableProducerConfig("promoflow-bench"))
 	require.NoError(b, err)
 	defer producer.Close()
 	start := time.Now()

@@ -51,7 +51,7 @@ func TestRelay_PartialFailureResendsOnlyTheFailedEvents(t *testing.T) {
 	gate := b.db.MustBegin()
 	gate.MustExec(`SELECT pg_current_xact_id()`)
 	writeOutbox(t, b, txs...)
-	kp, err := kafkakit.NewBatchPublisher(kafkatest.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	kp, err := kafkakit.NewBatchPublisher(kafkatest.Cluster(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	calls := &callRecorder{Publisher: kp}

@@ -91,7 +91,7 @@ func TestRelay_NackedBatchResendsOnlyTheRefusedEventsInOrder(t *testing.T) {
 	after := [][]*message.Message{purchaseEvents(t, 10, "relay-after"), purchaseEvents(t, 1, "relay-after"), purchaseEvents(t, 10, "relay-after")}
 	writeOutbox(t, b, append(append(before, batch), after...)...)
 
-	kp, err := kafkakit.NewBatchPublisher(kafkatest.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	kp, err := kafkakit.NewBatchPublisher(kafkatest.Cluster(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	double := &refuseHalfOnce{Publisher: kp, target: batch[0].UUID}
@@ -180,7 +180,7 @@ func TestRelay_SmallTransactionsShareOneKafkaRequest(t *testing.T) {
 	gate := b.db.MustBegin()
 	gate.MustExec(`SELECT pg_current_xact_id()`)
 	writeOutbox(t, b, txs...)
-	kp, err := kafkakit.NewBatchPublisher(kafkatest.Brokers(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	kp, err := kafkakit.NewBatchPublisher(kafkatest.Cluster(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	recorder := &refuseHalfOnce{Publisher: kp} // no target: refuses nothing

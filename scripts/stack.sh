@@ -6,6 +6,9 @@
 #                             lines on stdout are the export lines, so callers can
 #                             eval "$(scripts/stack.sh up)"
 #   scripts/stack.sh env      print only the export lines
+#   scripts/stack.sh fetch    fetch the Kafka jars once (the tests start a TLS/SASL
+#                             broker of their own from them) and print
+#                             export PROMOFLOW_KAFKA_LIBS=<folder>
 #   scripts/stack.sh status   say what runs (exit 0 if both run, 3 otherwise)
 #   scripts/stack.sh down [postgres|kafka]...
 #                             stop Kafka and PostgreSQL cleanly (or only those named)
@@ -512,9 +515,14 @@ restart)
 	pg_restart
 	;;
 env) env_lines ;;
+fetch)
+	take_lock
+	kafka_fetch
+	echo "export PROMOFLOW_KAFKA_LIBS=$KAFKA_LIBS"
+	;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up [postgres|kafka]...|down [postgres|kafka]...|restart postgres|env|status}" >&2
+	echo "usage: $0 {up [postgres|kafka]...|down [postgres|kafka]...|restart postgres|env|fetch|status}" >&2
 	exit 2
 	;;
 esac

@@ -5,7 +5,8 @@
 #
 # 1. installs what is missing (PostgreSQL via scripts/stack.sh, Go modules);
 # 2. starts PostgreSQL + Kafka with scripts/stack.sh, unless DATABASE_URL and
-#    KAFKA_BROKERS are both set already (then those are used as they are);
+#    KAFKA_BROKERS are both set already (then those are used as they are), and
+#    fetches the Kafka jars that the TLS/SASL tests start a broker from;
 # 3. go vet ./... and go test -race -count=1 -timeout 30m -v ./... "$@";
 # 4. a short fuzz run (15s) for every Fuzz* function in the repo;
 # 5. stops the services that it started itself;
@@ -76,6 +77,13 @@ else
 fi
 export DATABASE_URL KAFKA_BROKERS
 log "DATABASE_URL=$DATABASE_URL KAFKA_BROKERS=$KAFKA_BROKERS"
+
+# The Kafka security tests (app) start a broker of their own with SASL_SSL and
+# SSL listeners, from the same jars, on ports the kernel picks (or from
+# $PROMOFLOW_SECURE_KAFKA_PORT), with certificates made afresh.
+libs_env=$(bash "$STACK" fetch)
+eval "$libs_env"
+export PROMOFLOW_KAFKA_LIBS
 
 # ---------------------------------------------------------------------- tests
 

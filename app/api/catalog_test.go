@@ -23,7 +23,7 @@ func setupCatalogAPI(t *testing.T) apiBundle {
 	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	log := slog.New(slog.DiscardHandler)
-	rb, err := rebuild.New(rebuild.Config{DB: db, Brokers: kafkatest.Brokers(t), Topic: kafkatest.Topic(t, 1), Log: log,
+	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: kafkatest.Cluster(t), Topic: kafkatest.Topic(t, 1), Log: log,
 		Chain: func(*message.Message) ([]*message.Message, error) { return nil, nil }})
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // Defaults of Config.
@@ -28,10 +29,10 @@ const (
 )
 
 // Config configures an Auditor. The card check needs DB alone; the replica
-// check also reads Topic through Brokers and needs ConsumerGroup.
+// check also reads Topic through Kafka and needs ConsumerGroup.
 type Config struct {
 	DB            *sqlx.DB
-	Brokers       []string
+	Kafka         kafkakit.Cluster
 	Topic         string // defaults to event.Topic
 	ConsumerGroup string // the catalog consumer's: records it has not consumed yet are pending, not drift
 	// Samples is how many drifted ids a report names (SamplesDefault), and

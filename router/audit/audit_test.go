@@ -46,7 +46,7 @@ func setup(t *testing.T) *bundle {
 		}
 	}
 	b.WaitConsumed(t, 9, 30*time.Second)
-	a, err := audit.New(audit.Config{DB: b.DB, Brokers: b.Cfg.Brokers, Topic: b.Cfg.Topic,
+	a, err := audit.New(audit.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
 		ConsumerGroup: b.Cfg.ConsumerGroup, Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	b.auditor = a
@@ -129,7 +129,7 @@ func TestAudit_ReplicaAgreesWithTheTopicAndNamesWhatDiffers(t *testing.T) {
 
 func TestAudit_RecordsTheConsumerHasNotReadArePendingNotDrift(t *testing.T) {
 	b := setup(t)
-	a, err := audit.New(audit.Config{DB: b.DB, Brokers: b.Cfg.Brokers, Topic: b.Cfg.Topic,
+	a, err := audit.New(audit.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
 		ConsumerGroup: "pf-test-never-consumed", Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	rep, err := a.Replica(context.Background())

@@ -62,10 +62,10 @@ type contribution struct {
 // drift when no record on the topic does.
 func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	var r ReplicaReport
-	if len(a.cfg.Brokers) == 0 || a.cfg.ConsumerGroup == "" {
+	if len(a.cfg.Kafka.Brokers) == 0 || a.cfg.ConsumerGroup == "" {
 		return r, errors.New("audit: the replica check needs kafka brokers and the consumer group")
 	}
-	client, err := bounded.Dial(a.cfg.Brokers, "promoflow-audit")
+	client, err := bounded.Dial(a.cfg.Kafka, "promoflow-audit")
 	if err != nil {
 		return r, err
 	}

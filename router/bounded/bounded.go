@@ -54,13 +54,13 @@ type Client struct {
 	client sarama.Client
 }
 
-// Dial connects to brokers.
-func Dial(brokers []string, clientID string) (*Client, error) {
-	cfg := kafkakit.ClientConfig(clientID)
+// Dial connects to the cluster.
+func Dial(cluster kafkakit.Cluster, clientID string) (*Client, error) {
+	cfg := cluster.ClientConfig(clientID)
 	cfg.Consumer.Return.Errors = true
 	// Looking a topic up must never create it.
 	cfg.Metadata.AllowAutoTopicCreation = false
-	c, err := sarama.NewClient(brokers, cfg)
+	c, err := sarama.NewClient(cluster.Brokers, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}

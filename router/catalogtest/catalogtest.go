@@ -45,7 +45,7 @@ func New(t testing.TB, enabled bool) *Bundle {
 	b := &Bundle{
 		DB: pgtest.DB(t),
 		Cfg: router.CatalogConfig{
-			Brokers: kafkatest.Brokers(t), Enabled: enabled,
+			Kafka: kafkatest.Cluster(t), Enabled: enabled,
 			Topic:       kafkatest.TopicWith(t, kafkakit.Topic{Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact}),
 			ReplayTopic: kafkatest.Topic(t, 1), DLQTopic: kafkatest.Topic(t, 1),
 			ConsumerGroup: "pf-test-catalog-" + kafkatest.RandomSuffix(),
@@ -53,8 +53,8 @@ func New(t testing.TB, enabled bool) *Bundle {
 		},
 	}
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: b.Cfg.Brokers, Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey),
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("test-producer"),
+		Brokers: b.Cfg.Kafka.Brokers, Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey),
+		OverwriteSaramaConfig: b.Cfg.Kafka.DurableProducerConfig("test-producer"),
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
@@ -191,7 +191,7 @@ func TopicSize(t testing.TB, topic string) int64 {
 // PartitionSizes maps every partition of topic to its high-water mark.
 func PartitionSizes(t testing.TB, topic string) map[int32]int64 {
 	t.Helper()
-	client, err := sarama.NewClient(kafkatest.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	client, err := sarama.NewClient(kafkatest.Brokers(t), kafkatest.Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer client.Close()
 	parts, err := client.Partitions(topic)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // Defaults of Config.
@@ -31,8 +32,8 @@ const (
 
 // Config is one replay of the dead-letter topic.
 type Config struct {
-	// Brokers are the Kafka bootstrap servers. Required.
-	Brokers []string
+	// Kafka is the cluster that holds the DLQ and replay topics. Required.
+	Kafka kafkakit.Cluster
 	// DLQTopic is read. Defaults to middleware.DLQTopicDefault.
 	DLQTopic string
 	// ReplayTopic is written; only the catalog consumer reads it. Defaults to ReplayTopicDefault.
@@ -67,8 +68,8 @@ type Config struct {
 func (c Config) Validate() error {
 	c.setDefaults() // a copy: what the component will run with
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("kafka brokers are required"))
+	if err := c.Kafka.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Max < 0 {
 		errs = append(errs, errors.New("max must be >= 0"))

@@ -42,7 +42,7 @@ type Listing struct {
 // no commit. Filters and Max of the config do not apply; MaxReplays decides
 // what counts as parked.
 func (r *Replayer) List(ctx context.Context) (Listing, error) {
-	client, err := bounded.Dial(r.cfg.Brokers, "promoflow-dlq-list")
+	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-dlq-list")
 	if err != nil {
 		return Listing{}, err
 	}

@@ -67,7 +67,7 @@ func (r *Replayer) Run(ctx context.Context) (Result, error) {
 	res := func(err error) (Result, error) {
 		return Result{Group: r.cfg.Group, Counts: r.progress.Snapshot(), Duration: time.Since(start)}, err
 	}
-	client, err := bounded.Dial(r.cfg.Brokers, "promoflow-dlq-replay")
+	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-dlq-replay")
 	if err != nil {
 		return res(err)
 	}
@@ -154,9 +154,9 @@ func remaining(admin sarama.ClusterAdmin, group string, parts []bounded.Partitio
 func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, ranges []bounded.Range) error {
 	wlog := watermill.NewSlogLogger(r.cfg.Log)
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               r.cfg.Brokers,
+		Brokers:               r.cfg.Kafka.Brokers,
 		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
-		OverwriteSaramaConfig: kafkakit.DurableProducerConfig("promoflow-dlq-replay"),
+		OverwriteSaramaConfig: r.cfg.Kafka.DurableProducerConfig("promoflow-dlq-replay"),
 	}, wlog)
 	if err != nil {
 		return fmt.Errorf("replay publisher: %w", err)

@@ -28,7 +28,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
 	b := &bundle{Bundle: catalogtest.New(t, true)}
-	b.cfg = dlqreplay.Config{Brokers: b.Cfg.Brokers, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
+	b.cfg = dlqreplay.Config{Kafka: b.Cfg.Kafka, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
 		SourceTopic: b.Cfg.Topic, Group: "pf-test-replay-" + kafkatest.RandomSuffix(), Log: slog.New(slog.DiscardHandler)}
 	return b
 }
@@ -64,7 +64,7 @@ func (b *bundle) dlqSize(t *testing.T) int64 { return catalogtest.TopicSize(t, b
 // produceKeyed writes a raw record with a key of its own and extra headers.
 func produceKeyed(t *testing.T, topic, key string, value []byte, headers map[string]string) {
 	t.Helper()
-	p, err := sarama.NewSyncProducer(kafkatest.Brokers(t), kafkakit.DurableProducerConfig("test"))
+	p, err := sarama.NewSyncProducer(kafkatest.Brokers(t), kafkatest.Cluster(t).DurableProducerConfig("test"))
 	require.NoError(t, err)
 	defer p.Close()
 	msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.ByteEncoder(value)}
@@ -198,13 +198,13 @@ func TestDLQ_KeepsKeyAndHeaders(t *testing.T) {
 
 func TestDLQReplay_RefusesSourceTopicAsReplayTopic(t *testing.T) {
 	t.Parallel()
-	_, err := dlqreplay.New(dlqreplay.Config{Brokers: []string{"127.0.0.1:1"}, ReplayTopic: event.Topic})
+	_, err := dlqreplay.New(dlqreplay.Config{Kafka: kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, ReplayTopic: event.Topic})
 	require.ErrorContains(t, err, "the replay topic must differ from the source topic "+event.Topic)
 
-	_, err = dlqreplay.New(dlqreplay.Config{Brokers: []string{"127.0.0.1:1"}, ReplayTopic: "mine", SourceTopic: "mine"})
+	_, err = dlqreplay.New(dlqreplay.Config{Kafka: kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, ReplayTopic: "mine", SourceTopic: "mine"})
 	require.ErrorContains(t, err, "must differ from the source topic mine")
 
-	_, err = dlqreplay.New(dlqreplay.Config{Brokers: []string{"127.0.0.1:1"}, ReplayTopic: middleware.DLQTopicDefault})
+	_, err = dlqreplay.New(dlqreplay.Config{Kafka: kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, ReplayTopic: middleware.DLQTopicDefault})
 	require.ErrorContains(t, err, "must differ from the DLQ topic")
 }
 

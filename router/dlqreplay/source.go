@@ -15,7 +15,6 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/bounded"
-	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // errCapReached stops a partition once Max records were sent.
@@ -58,10 +57,10 @@ func newSource(cfg Config, progress *bounded.Progress, partitions int, ranges []
 // done, the cap is reached, or the replay fails; then it leaves the group and
 // closes finished. The channel closes with Close, when the forwarder stops.
 func (s *source) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	sc := kafkakit.ClientConfig("promoflow-dlq-replay")
+	sc := s.cfg.Kafka.ClientConfig("promoflow-dlq-replay")
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sc.Metadata.AllowAutoTopicCreation = false
-	group, err := sarama.NewConsumerGroup(s.cfg.Brokers, s.cfg.Group, sc)
+	group, err := sarama.NewConsumerGroup(s.cfg.Kafka.Brokers, s.cfg.Group, sc)
 	if err != nil {
 		return nil, fmt.Errorf("join group %s: %w", s.cfg.Group, err)
 	}

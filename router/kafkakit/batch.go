@@ -10,7 +10,7 @@ import (
 )
 
 // BatchPublisher publishes the messages of one Publish call in one
-// SendMessages of a durable producer (DurableProducerConfig): one round trip
+// SendMessages of a durable producer (Cluster.DurableProducerConfig): one round trip
 // for the batch instead of one per message. Each message stays one record,
 // marshaled as watermill-kafka's Publisher would.
 type BatchPublisher struct {
@@ -18,9 +18,9 @@ type BatchPublisher struct {
 	marshaler kafka.Marshaler
 }
 
-// NewBatchPublisher connects a durable producer to brokers.
-func NewBatchPublisher(brokers []string, clientID string, marshaler kafka.Marshaler) (*BatchPublisher, error) {
-	producer, err := sarama.NewSyncProducer(brokers, DurableProducerConfig(clientID))
+// NewBatchPublisher connects a durable producer to the cluster.
+func NewBatchPublisher(cluster Cluster, clientID string, marshaler kafka.Marshaler) (*BatchPublisher, error) {
+	producer, err := sarama.NewSyncProducer(cluster.Brokers, cluster.DurableProducerConfig(clientID))
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}

@@ -1,9 +1,11 @@
 // Package kafkakit is what every Kafka client of promoflow shares: the Sarama
-// configurations, the topics and their settings, and the marshaler that keeps
-// a record's key when a message is copied to another topic.
+// configurations with their security (TLS, SASL), the topics and their
+// settings, and the marshaler that keeps a record's key when a message is
+// copied to another topic.
 package kafkakit
 
 import (
+	"errors"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -13,24 +15,43 @@ import (
 // versions before 2.1 (KIP-896) that watermill-kafka's defaults pin (1.0).
 var KafkaVersion = sarama.V3_6_0_0
 
-// ClientConfig is a Sarama client speaking KafkaVersion.
-func ClientConfig(clientID string) *sarama.Config {
-	c := sarama.NewConfig()
-	c.ClientID = clientID
-	c.Version = KafkaVersion
-	return c
+// Cluster is a Kafka cluster as promoflow's clients reach it: its bootstrap
+// brokers and the security of every connection. Every Sarama config comes
+// from its methods, so no client can miss the security.
+type Cluster struct {
+	// Brokers are the bootstrap servers. Required.
+	Brokers []string
+	// Security is TLS and SASL; the zero value is plaintext.
+	Security Security
+}
+
+// Validate reports a cluster without brokers.
+func (c Cluster) Validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("kafka brokers are required")
+	}
+	return nil
+}
+
+// ClientConfig is a Sarama client speaking KafkaVersion with the cluster's security.
+func (c Cluster) ClientConfig(clientID string) *sarama.Config {
+	sc := sarama.NewConfig()
+	sc.ClientID = clientID
+	sc.Version = KafkaVersion
+	c.Security.apply(sc)
+	return sc
 }
 
 // DurableProducerConfig is a Sarama producer that does not lose an acknowledged
 // event: acks=all, idempotent, one request in flight so retries keep order.
-func DurableProducerConfig(clientID string) *sarama.Config {
-	c := ClientConfig(clientID)
-	c.Producer.RequiredAcks = sarama.WaitForAll
-	c.Producer.Idempotent = true
-	c.Net.MaxOpenRequests = 1
-	c.Producer.Return.Successes = true
-	c.Producer.Retry.Max = 10
-	c.Producer.Retry.Backoff = 250 * time.Millisecond
-	c.Metadata.Retry.Backoff = time.Second
-	return c
+func (c Cluster) DurableProducerConfig(clientID string) *sarama.Config {
+	sc := c.ClientConfig(clientID)
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Idempotent = true
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Return.Successes = true
+	sc.Producer.Retry.Max = 10
+	sc.Producer.Retry.Backoff = 250 * time.Millisecond
+	sc.Metadata.Retry.Backoff = time.Second
+	return sc
 }

@@ -31,8 +31,8 @@ type Topic struct {
 
 // EnsureTopics creates the topics that do not exist yet. An existing topic is
 // left as it is: its settings are the operator's.
-func EnsureTopics(brokers []string, topics ...Topic) error {
-	admin, err := sarama.NewClusterAdmin(brokers, ClientConfig("promoflow-admin"))
+func EnsureTopics(cluster Cluster, topics ...Topic) error {
+	admin, err := sarama.NewClusterAdmin(cluster.Brokers, cluster.ClientConfig("promoflow-admin"))
 	if err != nil {
 		return fmt.Errorf("connect kafka admin: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // Defaults of Config.
@@ -25,8 +26,8 @@ const (
 type Config struct {
 	// DB is the catalog database. Required.
 	DB *sqlx.DB
-	// Brokers are the Kafka bootstrap servers. Required.
-	Brokers []string
+	// Kafka is the cluster that holds Topic. Required.
+	Kafka kafkakit.Cluster
 	// Topic is the purchase-changed changelog to replay. Defaults to event.Topic.
 	Topic string
 	// Chain applies one record: the catalog consumer's chain without its
@@ -47,7 +48,7 @@ func (c Config) Validate() error {
 	if c.DB == nil {
 		errs = append(errs, errors.New("rebuild: database is required"))
 	}
-	if len(c.Brokers) == 0 {
+	if len(c.Kafka.Brokers) == 0 {
 		errs = append(errs, errors.New("rebuild: kafka brokers are required"))
 	}
 	if c.Chain == nil {

@@ -28,7 +28,7 @@ func TestRebuild_ResetDoesNotDeadlockWithALiveBatch(t *testing.T) {
 	t.Run("rebuild reset", func(t *testing.T) {
 		b := catalogtest.New(t, true)
 		b.Start(t)
-		rb, err := rebuild.New(rebuild.Config{DB: b.DB, Brokers: b.Cfg.Brokers, Topic: b.Cfg.Topic,
+		rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
 			Chain: b.Catalog.Chain, Log: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		t.Cleanup(rb.Stop)

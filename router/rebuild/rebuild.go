@@ -163,7 +163,7 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 		r.finish(context.WithoutCancel(ctx), cur, err)
 	}()
 
-	client, err := bounded.Dial(r.cfg.Brokers, "promoflow-catalog-rebuild")
+	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-catalog-rebuild")
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/catalogtest"
-	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
@@ -25,7 +24,7 @@ func setup(t *testing.T) *catalogtest.Bundle {
 
 func newRebuilder(t *testing.T, b *catalogtest.Bundle) *rebuild.Rebuilder {
 	t.Helper()
-	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Brokers: b.Cfg.Brokers, Topic: b.Cfg.Topic,
+	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
 		Chain: b.Catalog.Chain, Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)
@@ -241,7 +240,7 @@ func TestRebuild_SecondRebuildWhileOneRunsIsRefused(t *testing.T) {
 // deleteRecords removes the records of partition below offset, as retention would.
 func deleteRecords(t *testing.T, topic string, partition int32, below int64) {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(t), kafkatest.Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.DeleteRecords(topic, map[int32]int64{partition: below}))

@@ -149,7 +149,7 @@ func malformedRecords(t *testing.T, e *env) int {
 	base := handled()
 
 	n := size(1000, 10000)
-	producer, err := sarama.NewSyncProducer([]string{e.s.brokers}, kafkakit.DurableProducerConfig("faults"))
+	producer, err := sarama.NewSyncProducer([]string{e.s.brokers}, kafkakit.Cluster{Brokers: []string{e.s.brokers}}.DurableProducerConfig("faults"))
 	must(t, err)
 	defer producer.Close()
 	var batch []*sarama.ProducerMessage

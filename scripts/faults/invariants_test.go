@@ -15,6 +15,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // record is one purchase event as it lies on the topic.
@@ -27,7 +28,7 @@ type record struct {
 // topicEvents reads the purchase topic up to its end now, per purchase in
 // partition order (a purchase's events share its key, hence a partition).
 func (e *env) topicEvents() (map[uuid.UUID][]record, int, error) {
-	client, err := bounded.Dial([]string{e.s.brokers}, "promoflow-faults")
+	client, err := bounded.Dial(kafkakit.Cluster{Brokers: []string{e.s.brokers}}, "promoflow-faults")
 	if err != nil {
 		return nil, 0, err
 	}

@@ -30,6 +30,12 @@ func Brokers(t testing.TB) []string {
 	return strings.Split(brokers, ",")
 }
 
+// Cluster is the plaintext cluster of $KAFKA_BROKERS.
+func Cluster(t testing.TB) kafkakit.Cluster {
+	t.Helper()
+	return kafkakit.Cluster{Brokers: Brokers(t)}
+}
+
 // Topic creates a topic of the test's own with the given partitions and the
 // broker's default cleanup policy (delete).
 func Topic(t testing.TB, partitions int32) string {
@@ -43,8 +49,8 @@ func TopicWith(t testing.TB, spec kafkakit.Topic) string {
 	t.Helper()
 	spec.Name = "pf-test-" + RandomSuffix()
 	spec.Replication = 1
-	require.NoError(t, kafkakit.EnsureTopics(Brokers(t), spec))
-	t.Cleanup(func() { deleteTopic(Brokers(t), spec.Name) })
+	require.NoError(t, kafkakit.EnsureTopics(Cluster(t), spec))
+	t.Cleanup(func() { deleteTopic(Cluster(t), spec.Name) })
 	waitForLeaders(t, spec.Name, spec.Partitions)
 	return spec.Name
 }
@@ -59,12 +65,12 @@ func TopicConfigured(t testing.TB, partitions int32, configs map[string]string) 
 	for k, v := range configs {
 		entries[k] = &v
 	}
-	admin, err := sarama.NewClusterAdmin(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	admin, err := sarama.NewClusterAdmin(Brokers(t), Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1,
 		ConfigEntries: entries}, false))
-	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
+	t.Cleanup(func() { deleteTopic(Cluster(t), name) })
 	waitForLeaders(t, name, partitions)
 	return name
 }
@@ -73,7 +79,7 @@ func TopicConfigured(t testing.TB, partitions int32, configs map[string]string) 
 // reports it.
 func SetTopicConfig(t testing.TB, topic, key, value string) {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	admin, err := sarama.NewClusterAdmin(Brokers(t), Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.IncrementalAlterConfig(sarama.TopicResource, topic, map[string]sarama.IncrementalAlterConfigsEntry{
@@ -86,14 +92,14 @@ func SetTopicConfig(t testing.TB, topic, key, value string) {
 
 // CleanupTopic deletes a topic that the code under test created when the test ends.
 func CleanupTopic(t testing.TB, name string) {
-	t.Cleanup(func() { deleteTopic(Brokers(t), name) })
+	t.Cleanup(func() { deleteTopic(Cluster(t), name) })
 }
 
 // waitForLeaders waits until every partition of a new topic has a leader that
 // serves it; a fresh broker may answer NotLeaderForPartition for a moment.
 func waitForLeaders(t testing.TB, topic string, partitions int32) {
 	t.Helper()
-	client, err := sarama.NewClient(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	client, err := sarama.NewClient(Brokers(t), Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer client.Close()
 	require.Eventually(t, func() bool {
@@ -111,8 +117,8 @@ func waitForLeaders(t testing.TB, topic string, partitions int32) {
 
 // deleteTopic removes a test's topic, best effort, so that test runs do not
 // fill the broker's disk.
-func deleteTopic(brokers []string, name string) {
-	admin, err := sarama.NewClusterAdmin(brokers, kafkakit.ClientConfig("promoflow-test"))
+func deleteTopic(cluster kafkakit.Cluster, name string) {
+	admin, err := sarama.NewClusterAdmin(cluster.Brokers, cluster.ClientConfig("promoflow-test"))
 	if err != nil {
 		return
 	}
@@ -124,7 +130,7 @@ func deleteTopic(brokers []string, name string) {
 // returns true for what has arrived, or fails the test after timeout.
 func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*sarama.ConsumerMessage) bool) []*sarama.ConsumerMessage {
 	t.Helper()
-	consumer, err := sarama.NewConsumer(Brokers(t), kafkakit.ClientConfig("promoflow-test"))
+	consumer, err := sarama.NewConsumer(Brokers(t), Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer consumer.Close()
 	parts, err := consumer.Partitions(topic)

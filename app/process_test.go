@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// runMainEnv makes the test binary run promoflow's main with its arguments,
+// so that a test starts the real command as a process of its own (its exit
+// status, its output) without building another binary.
+const runMainEnv = "PROMOFLOW_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Args = append([]string{"promoflow"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	code := m.Run()
+	stopSecureBroker()
+	os.Exit(code)
+}
+
+// command is a promoflow process started by a test.
+type command struct {
+	cmd    *exec.Cmd
+	out    *lockedBuffer // stdout and stderr
+	stdout *lockedBuffer
+	done   chan struct{}
+}
+
+// settingPrefixes are the environment variables promoflow reads: a command
+// gets those of its test only, not the ones the test run has.
+var settingPrefixes = []string{"DATABASE_", "KAFKA_", "HTTP_", "PROMOTION_", "CATALOG_", "EXPIRE_", "OUTBOX_",
+	"DLQ_", "AUDIT_", "REBUILD_", "LOG_", "MIGRATE_", "DB_", "IDEMPOTENCY_", "OTEL_"}
+
+// startCommand starts `promoflow args...` with env as its settings; the test
+// ends it (SIGTERM) when it has not ended by itself.
+func startCommand(t *testing.T, env map[string]string, args ...string) *command {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	for _, kv := range os.Environ() {
+		if !hasAnyPrefix(kv, settingPrefixes) {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, runMainEnv+"=1")
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	c := &command{cmd: cmd, out: &lockedBuffer{}, stdout: &lockedBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(c.out, c.stdout), c.out
+	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() { c.stop() })
+	return c
+}
+
+// runCommand runs `promoflow args...` to its end, within limit, and returns
+// its exit status and its output (stdout and stderr).
+func runCommand(t *testing.T, env map[string]string, limit time.Duration, args ...string) (exitCode int, output string) {
+	t.Helper()
+	c := runCommandToEnd(t, env, limit, args...)
+	return c.cmd.ProcessState.ExitCode(), c.output()
+}
+
+// runCommandToEnd runs `promoflow args...` to its end, within limit.
+func runCommandToEnd(t *testing.T, env map[string]string, limit time.Duration, args ...string) *command {
+	t.Helper()
+	c := startCommand(t, env, args...)
+	_, ended := c.wait(limit)
+	require.True(t, ended, "promoflow %s still runs after %s; output:\n%s", strings.Join(args, " "), limit, c.output())
+	return c
+}
+
+// wait waits up to limit for the process to end by itself.
+func (c *command) wait(limit time.Duration) (exitCode int, ended bool) {
+	select {
+	case <-c.done:
+		return c.cmd.ProcessState.ExitCode(), true
+	case <-time.After(limit):
+		return 0, false
+	}
+}
+
+// stop sends SIGTERM and waits for the end (SIGKILL after 30s).
+func (c *command) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	if _, ended := c.wait(30 * time.Second); !ended {
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+func (c *command) output() string { return c.out.String() }
+
+// waitReady waits until the process at addr answers /readyz with 200.
+func (c *command) waitReady(t *testing.T, addr string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		select {
+		case <-c.done:
+			return true // failed below
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 120*time.Second, 100*time.Millisecond, "not ready at %s; output:\n%s", addr, c)
+	select {
+	case <-c.done:
+		require.FailNow(t, "process ended before it was ready", "exit status %d; output:\n%s", c.cmd.ProcessState.ExitCode(), c.output())
+	default:
+	}
+}
+
+func (c *command) String() string { return c.output() }
+
+func hasAnyPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// lockedBuffer is a bytes.Buffer that a process writes while a test reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
