@@ -2,11 +2,9 @@ package sqlmigrate_test
 
 import (
 	"context"
-	"database/sql"
 	"sync"
 	"testing"
 
-	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/sqlmigrate"
@@ -25,7 +23,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			db, err := sql.Open("postgres", url)
+			db, err := sqlmigrate.Open(url)
 			if err != nil {
 				t.Error(err)
 				return
@@ -46,7 +44,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 	}
 	require.Equal(t, len(all), total, "every migration applied by exactly one process")
 
-	db, err := sql.Open("postgres", url)
+	db, err := sqlmigrate.Open(url)
 	require.NoError(t, err)
 	defer db.Close()
 	st, err := sqlmigrate.Status(context.Background(), db)
@@ -61,7 +59,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 
 func TestStatus_OnAnEmptyDatabaseListsEveryMigrationAsPending(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("postgres", pgtest.DatabaseURL(t))
+	db, err := sqlmigrate.Open(pgtest.DatabaseURL(t))
 	require.NoError(t, err)
 	defer db.Close()
 	st, err := sqlmigrate.Status(context.Background(), db)
