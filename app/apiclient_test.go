@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+)
+
+// purchaseAnswer is what POST /promotions answered.
+type purchaseAnswer struct {
+	Status     int
+	RetryAfter string
+	ID         uuid.UUID
+	Body       string
+}
+
+// postPurchase asks the purchase API at addr for a purchase on project that
+// ends after lasts, and returns the answer; err is a transport error.
+func postPurchase(addr, token string, project uuid.UUID, weight int, lasts time.Duration) (purchaseAnswer, error) {
+	body, _ := json.Marshal(map[string]any{"PackageKind": "Top", "BoostWeight": weight,
+		"Targets": []map[string]string{{"TargetKind": "Project", "TargetId": project.String()}},
+		"EndsAt":  time.Now().Add(lasts).UTC().Format(time.RFC3339Nano)})
+	req, err := http.NewRequest("POST", "http://"+addr+"/promotions", bytes.NewReader(body))
+	if err != nil {
+		return purchaseAnswer{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return purchaseAnswer{}, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return purchaseAnswer{}, err
+	}
+	a := purchaseAnswer{Status: resp.StatusCode, RetryAfter: resp.Header.Get("Retry-After"), Body: string(raw)}
+	if resp.StatusCode == http.StatusCreated {
+		var created struct{ Id uuid.UUID }
+		if err := json.Unmarshal(raw, &created); err != nil {
+			return a, err
+		}
+		a.ID = created.Id
+	}
+	return a, nil
+}
+
+// createPurchase makes a purchase that ends after lasts and wants a 201.
+func createPurchase(t *testing.T, addr, token string, lasts time.Duration) uuid.UUID {
+	t.Helper()
+	a, err := postPurchase(addr, token, uuid.New(), 5, lasts)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, a.Status, a.Body)
+	return a.ID
+}
