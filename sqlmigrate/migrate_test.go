@@ -13,7 +13,16 @@ import (
 
 func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 	t.Parallel()
-	url := pgtest.DatabaseURL(t)
+	t.Run("direct", func(t *testing.T) { t.Parallel(); concurrentMigrators(t, pgtest.DatabaseURL(t)) })
+	// No lock outlives a transaction, so migrators sharing a pooler's server
+	// connections neither skip each other nor wait for ever.
+	t.Run("pgbouncer", func(t *testing.T) {
+		t.Parallel()
+		concurrentMigrators(t, pgtest.StartPgBouncer(t, pgtest.PgBouncerOptions{Upstream: pgtest.DatabaseURL(t), PoolSize: 2}).URL())
+	})
+}
+
+func concurrentMigrators(t *testing.T, url string) {
 	all, err := sqlmigrate.All()
 	require.NoError(t, err)
 
