@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,4 +60,42 @@ func createPurchase(t *testing.T, addr, token string, lasts time.Duration) uuid.
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, a.Status, a.Body)
 	return a.ID
+}
+
+// adminCall sends body to the catalog's admin path with the admin token,
+// wants one of the statuses, and returns the answer's body.
+func adminCall(t *testing.T, method, addr, path, body string, want ...int) string {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+pooledAdmin)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Contains(t, want, resp.StatusCode, "%s %s: %s", method, path, raw)
+	return string(raw)
+}
+
+// waitBoost waits until the card at path (GET on the catalog at addr) has boost.
+func waitBoost(t *testing.T, addr, path string, boost int) {
+	t.Helper()
+	last := -1
+	ok := assert.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var card struct{ PromotionBoost int }
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&card) != nil {
+			return false
+		}
+		last = card.PromotionBoost
+		return last == boost
+	}, 60*time.Second, 50*time.Millisecond)
+	if !ok {
+		t.Fatalf("%s: boost %d, want %d", path, last, boost)
+	}
 }

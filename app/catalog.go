@@ -42,6 +42,7 @@ func (c *catalogConfig) registerTimings(s *settings) {
 	s.int(&c.Consumer.MaxBatch, "batch-max", "CATALOG_BATCH_MAX", middleware.GroupCommitMaxBatchDefault, "most events one consumer transaction applies")
 	s.int(&c.Consumer.Workers, "batch-workers", "CATALOG_BATCH_WORKERS", middleware.GroupCommitWorkersDefault, "consumer transactions in flight at once")
 	s.dur(&c.Consumer.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", router.AuditIntervalDefault, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
+	registerPreparedStatements(s, &c.Consumer.DisablePreparedStatements)
 }
 
 func runCatalog(ctx context.Context, args []string) error {

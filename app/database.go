@@ -22,6 +22,13 @@ import (
 
 const databaseDirectURLUsage = "PostgreSQL URL that bypasses a pooler (PgBouncer): migrations run there when set; empty: on the database URL"
 
+// registerPreparedStatements binds DATABASE_PREPARED_STATEMENTS onto a
+// consumer config's DisablePreparedStatements.
+func registerPreparedStatements(s *settings, disable *bool) {
+	s.notBool(disable, "database-prepared-statements", "DATABASE_PREPARED_STATEMENTS", true,
+		"prepare the consumer's apply statements once per connection; false behind a pooler in transaction mode (PgBouncer before 1.21)")
+}
+
 // databaseWaitDefault is how long a process waits for PostgreSQL to accept
 // connections at start (a server or a pooler still starting).
 const databaseWaitDefault = 30 * time.Second

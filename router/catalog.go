@@ -61,6 +61,13 @@ type CatalogConfig struct {
 	// Workers caps the consumer transactions in flight at once. Defaults to
 	// middleware.GroupCommitWorkersDefault.
 	Workers int
+	// DisablePreparedStatements sends the apply statements as text, parsed
+	// at every execution, instead of preparing them once per connection
+	// (boost.Prepare). A pooler in transaction mode (PgBouncer before 1.21)
+	// lends each transaction whichever server connection is free, where a
+	// statement prepared on another does not exist. Off costs little
+	// (docs/runbooks/postgres-connections.md has the measurement).
+	DisablePreparedStatements bool
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -191,9 +198,13 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	if err != nil {
 		return catalogMiddlewares{}, err
 	}
-	applier, err := boost.Prepare(context.Background(), db)
-	if err != nil {
-		return catalogMiddlewares{}, err
+	apply, closeApply := boost.ApplyBatch, func() error { return nil }
+	if !cfg.DisablePreparedStatements {
+		applier, err := boost.Prepare(context.Background(), db)
+		if err != nil {
+			return catalogMiddlewares{}, err
+		}
+		apply, closeApply = applier.ApplyBatch, applier.Close
 	}
 	uow, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{
 		DB: db, MaxBatch: cfg.MaxBatch, Workers: cfg.Workers,
@@ -202,9 +213,9 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
 		},
 		OnBatch: func(size int, _ time.Duration) { m.BatchSize.Observe(float64(size)) },
-	}, applier.ApplyBatch)
+	}, apply)
 	if err != nil {
-		return catalogMiddlewares{}, errors.Join(err, applier.Close())
+		return catalogMiddlewares{}, errors.Join(err, closeApply())
 	}
 	return catalogMiddlewares{
 		retry:           retry,
@@ -212,7 +223,7 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 		process:         middleware.Span("catalog.promotion.process", trace.SpanKindInternal),
 		store:           middleware.Span("catalog.promotion.store", trace.SpanKindInternal),
 		unitOfWork:      uow,
-		close:           applier.Close,
+		close:           closeApply,
 	}, nil
 }
 
