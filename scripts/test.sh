@@ -58,6 +58,10 @@ trap stop_started EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# The tests start the PgBouncers they need; their DATABASE_URL is the server.
+export PROMOFLOW_PGBOUNCER=0
+unset DATABASE_DIRECT_URL DATABASE_PREPARED_STATEMENTS
+
 if [[ -n ${DATABASE_URL:-} && -n ${KAFKA_BROKERS:-} ]]; then
 	log "using DATABASE_URL and KAFKA_BROKERS from the environment; not starting the stack"
 	STACK_NOTE="external services"
