@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,13 +20,23 @@ import (
 var tlsOnlyHBA = []string{"hostssl all all 127.0.0.1/32 trust"}
 
 // TestPostgresTLS_VerifyFull runs the promotion process against a server that
-// takes TLS connections only, with a certificate from the test's own CA:
-// with sslmode=verify-full and that CA as sslrootcert it connects, migrates
-// and serves a purchase, and every connection it holds is encrypted.
+// takes TLS connections only, with a certificate from the test's own CA, and
+// a password: with sslmode=verify-full, that CA as sslrootcert and the
+// password in a mounted file (passfile) it connects, migrates and serves a
+// purchase; every connection it holds is encrypted, and the password appears
+// nowhere in what it prints.
 func TestPostgresTLS_VerifyFull(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.StartServer(t, pgtest.ServerOptions{TLS: true, HBA: tlsOnlyHBA})
-	dbURL := srv.URL("sslmode=verify-full&sslrootcert=" + srv.CA.WriteFile(t) + "&application_name=promoflow-tls")
+	srv := pgtest.StartServer(t, pgtest.ServerOptions{TLS: true,
+		HBA: []string{"local all all trust", "hostssl all all 127.0.0.1/32 scram-sha-256"}})
+	password := "pw-" + pgtest.RandomSuffix()
+	admin := openTest(t, srv.SocketDSN())
+	_, err := admin.Exec(`ALTER ROLE postgres PASSWORD '` + password + `'`)
+	require.NoError(t, err)
+	passfile := filepath.Join(t.TempDir(), "pgpass")
+	require.NoError(t, os.WriteFile(passfile, []byte("*:*:*:postgres:"+password+"\n"), 0o600))
+	dbURL := srv.URL("sslmode=verify-full&sslrootcert=" + srv.CA.WriteFile(t) + "&passfile=" + passfile +
+		"&application_name=promoflow-tls")
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, topic)
 	addr := freeAddr(t)
@@ -46,6 +58,7 @@ func TestPostgresTLS_VerifyFull(t *testing.T) {
 		Scan(&plain, &encrypted))
 	require.Zero(t, plain, "connections without TLS")
 	require.Positive(t, encrypted, "the process's connections, over TLS")
+	require.NotContains(t, p.out.String(), password)
 }
 
 // TestPostgresTLS_WrongCAIsRefused: a server certificate that the configured

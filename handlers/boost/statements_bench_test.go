@@ -25,7 +25,7 @@ import (
 // BenchmarkApply's; batch=16 is about the consumer's batch at 48 partitions
 // (docs/benchmarks.md), batch=1 its smallest.
 func BenchmarkApplyBatchStatements(b *testing.B) {
-	events := 20_000
+	events := 5_000
 	if testing.Short() {
 		events = 1_000
 	}

@@ -47,6 +47,12 @@ func (s *Server) URL(query string) string {
 	return fmt.Sprintf("postgres://postgres@%s:%d/postgres?%s", s.Host, s.Port, query)
 }
 
+// SocketDSN reaches the server over its unix socket, where the default HBA
+// (and any that keeps "local all all trust") lets postgres in without a password.
+func (s *Server) SocketDSN() string {
+	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", s.Dir, s.Port)
+}
+
 // StartServer initdb's and starts a private PostgreSQL server from the
 // installed binaries (scripts/stack.sh installs them). As root, it runs as
 // the postgres user, which PostgreSQL requires.
