@@ -65,8 +65,8 @@ type CatalogConfig struct {
 	// at every execution, instead of preparing them once per connection
 	// (boost.Prepare). A pooler in transaction mode (PgBouncer before 1.21)
 	// lends each transaction whichever server connection is free, where a
-	// statement prepared on another does not exist. Off costs little
-	// (docs/runbooks/postgres-connections.md has the measurement).
+	// statement prepared on another does not exist. Off, the apply path ran
+	// 9-15 % slower at batches of 16 (docs/runbooks/postgres-connections.md).
 	DisablePreparedStatements bool
 }
 
