@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
@@ -118,8 +120,9 @@ func TestPgBouncer_PipelineRunsInTransactionPooling(t *testing.T) {
 
 // TestPgBouncer_RestartMidTrafficLosesNothing restarts PgBouncer (SIGTERM:
 // every connection cut, transactions in flight too) while clients create
-// purchases: the API answers 503 with Retry-After while the pool is down and
-// never 500, and afterwards every purchase's latest state is on the topic and
+// purchases and the consumer has events to apply: the API answers 503 with
+// Retry-After while the pool is down and never 500, both processes report
+// unready, and afterwards every purchase's latest state is on the topic and
 // every card equals what the purchases say.
 func TestPgBouncer_RestartMidTrafficLosesNothing(t *testing.T) {
 	t.Parallel()
@@ -136,18 +139,40 @@ func TestPgBouncer_RestartMidTrafficLosesNothing(t *testing.T) {
 	stop := tr.run(promotion, projects, 4)
 	defer stop()
 	tr.waitFor(t, http.StatusCreated, 20)
+	// The consumer is held back while purchases reach the topic, so that it
+	// has events to apply while the pool is down.
+	catalogProc.signal(t, syscall.SIGSTOP)
+	tr.waitFor(t, http.StatusCreated, tr.count(http.StatusCreated)+20)
+	onTopic := tr.count(http.StatusCreated)
+	require.Eventually(t, func() bool {
+		var n int64
+		for _, size := range catalogtest.PartitionSizes(t, p.topic) {
+			n += size
+		}
+		return n >= int64(onTopic)
+	}, 60*time.Second, 50*time.Millisecond, "the relay publishes the purchases")
+
 	p.bouncer.Stop(t)
+	catalogProc.signal(t, syscall.SIGCONT)
 	tr.waitFor(t, http.StatusServiceUnavailable, 3)
+	for _, addr := range []string{promotion, catalog} {
+		require.Eventually(t, func() bool { return readyz(addr) == http.StatusServiceUnavailable }, 30*time.Second,
+			20*time.Millisecond, "%s/readyz says the database is down", addr)
+	}
+	require.Eventually(t, func() bool { return strings.Contains(catalogProc.out.String(), `"msg":"retrying"`) },
+		60*time.Second, 20*time.Millisecond, "the consumer retries the events it cannot apply")
 	p.bouncer.Start(t)
 	tr.waitFor(t, http.StatusCreated, tr.count(http.StatusCreated)+20)
 	stop()
 	t.Logf("answers: %v", tr.counts())
 	require.Empty(t, tr.wrong(), "answers other than 201, or 503 with Retry-After")
 
-	// Quiescence: nothing left to expire.
+	// Quiescence: every short purchase (two seconds) has expired; the rest
+	// last an hour.
 	require.Eventually(t, func() bool {
 		var due int
-		require.NoError(t, p.db.Get(&due, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active' AND ends_at <= now()`))
+		require.NoError(t, p.db.Get(&due, `SELECT count(*) FROM promotion.promotion_purchases
+			WHERE status = 'Active' AND ends_at <= now() + interval '10 minutes'`))
 		return due == 0
 	}, 60*time.Second, 100*time.Millisecond, "the expirer catches up")
 	var rows []struct {

@@ -45,6 +45,7 @@ func startProcess(t *testing.T, env []string, args ...string) *process {
 	require.NoError(t, p.cmd.Start())
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT) // a held process could not stop
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		<-p.done
 		if t.Failed() {
@@ -52,6 +53,12 @@ func startProcess(t *testing.T, env []string, args ...string) *process {
 		}
 	})
 	return p
+}
+
+// signal sends sig to the process: SIGSTOP holds it, SIGCONT lets it go on.
+func (p *process) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
 }
 
 // exitCode waits for the process to end (at most timeout, which only stops a
@@ -83,12 +90,7 @@ func (p *process) waitReady(t *testing.T, addr string) {
 			return true
 		default:
 		}
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return readyz(addr) == http.StatusOK
 	}, 60*time.Second, 50*time.Millisecond)
 	require.False(t, ended, "the process ended before it was ready; output:\n%s", p.out.String())
 }
@@ -109,4 +111,14 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// readyz is the status /readyz of the process at addr answers, 0 when none.
+func readyz(addr string) int {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
