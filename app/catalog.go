@@ -43,6 +43,7 @@ func (c *catalogConfig) registerTimings(s *settings) {
 	s.int(&c.Consumer.Workers, "batch-workers", "CATALOG_BATCH_WORKERS", middleware.GroupCommitWorkersDefault, "consumer transactions in flight at once")
 	s.int(&c.Consumer.MaxLocks, "batch-max-locks", "CATALOG_BATCH_MAX_LOCKS", middleware.GroupCommitMaxLocksDefault, "most advisory locks (purchases and card targets) one consumer transaction takes; a wider event goes alone")
 	s.dur(&c.Consumer.AuditInterval, "audit-interval", "CATALOG_AUDIT_INTERVAL", router.AuditIntervalDefault, "time between audits of card boosts against the replica (catalog_promotion_drift_cards)")
+	registerPreparedStatements(s, &c.Consumer.DisablePreparedStatements)
 }
 
 func runCatalog(ctx context.Context, args []string) error {

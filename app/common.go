@@ -8,14 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // PostgreSQL driver
 
 	"github.com/promoflow/promoflow/router/kafkakit"
-	"github.com/promoflow/promoflow/sqlmigrate"
 )
 
 // commonConfig is what every process needs.
@@ -26,6 +24,10 @@ type commonConfig struct {
 	LogLevel       string
 	MigrateOnStart bool
 	DBMaxConns     int
+
+	// DatabaseDirectURL reaches PostgreSQL itself when DatabaseURL goes
+	// through a pooler: migrations run there (database.go).
+	DatabaseDirectURL string
 }
 
 func (c *commonConfig) register(s *settings, httpAddr string) {
@@ -54,6 +56,7 @@ func (c *commonConfig) registerStores(s *settings) {
 	s.str(&c.LogLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
 	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", true, "apply missing migrations at start (safe with several processes)")
 	s.int(&c.DBMaxConns, "db-max-conns", "DB_MAX_CONNS", 20, "most open PostgreSQL connections")
+	s.str(&c.DatabaseDirectURL, "database-direct-url", "DATABASE_DIRECT_URL", "", databaseDirectURLUsage)
 }
 
 func (c commonConfig) validate() error {
@@ -85,43 +88,6 @@ func newLogger(level, service string) *slog.Logger { return newLoggerTo(os.Stdou
 func newLoggerTo(w io.Writer, level, service string) *slog.Logger {
 	l, _ := parseLevel(level)
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})).With("service", service)
-}
-
-// openDB connects, waiting up to 30s for PostgreSQL to accept connections,
-// and applies migrations when asked.
-func openDB(ctx context.Context, c commonConfig, log *slog.Logger) (*sqlx.DB, error) {
-	db, err := sqlx.Open("postgres", c.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
-	}
-	db.SetMaxOpenConns(c.DBMaxConns)
-	db.SetMaxIdleConns(c.DBMaxConns)
-	db.SetConnMaxIdleTime(5 * time.Minute)
-
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = db.PingContext(pingCtx)
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			db.Close()
-			return nil, fmt.Errorf("connect to database: %w", err)
-		}
-		log.Warn("database not ready, retrying", "error", err.Error())
-		time.Sleep(time.Second)
-	}
-	if c.MigrateOnStart {
-		applied, err := sqlmigrate.Up(ctx, db.DB)
-		if err != nil {
-			db.Close()
-			return nil, fmt.Errorf("migrate: %w", err)
-		}
-		log.Info("migrations applied", "versions", applied)
-	}
-	return db, nil
 }
 
 // openProcess sets up a long-running process: tracing from OTEL_* variables

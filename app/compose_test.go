@@ -153,3 +153,21 @@ func parseTokensEnv(s string) (int, error) {
 	tokens, err := api.ParseTokens(s)
 	return len(tokens), err
 }
+
+// TestCompose_CommentedSettingsAreSettings: every production setting that
+// compose.yaml shows commented out is read by a promoflow process.
+func TestCompose_CommentedSettingsAreSettings(t *testing.T) {
+	raw, err := os.ReadFile("../compose.yaml")
+	require.NoError(t, err)
+	known := map[string]bool{}
+	for _, register := range []func(*settings){(&promotionConfig{}).register, (&catalogConfig{}).register} {
+		for env := range knownEnv(register) {
+			known[env] = true
+		}
+	}
+	commented := regexp.MustCompile(`(?m)^\s*# ([A-Z][A-Z0-9_]+): `).FindAllStringSubmatch(string(raw), -1)
+	require.NotEmpty(t, commented)
+	for _, m := range commented {
+		require.True(t, known[m[1]], "compose.yaml shows %s, which no promoflow process reads", m[1])
+	}
+}

@@ -39,6 +39,7 @@ func runDev(ctx context.Context, args []string) error {
 		return errors.New("database URL is required ($DATABASE_URL); scripts/run.sh starts a local PostgreSQL")
 	}
 	c.DatabaseURL = p.DatabaseURL
+	c.DatabaseDirectURL = p.DatabaseDirectURL
 	if p.APITokens == "" {
 		p.APITokens = devAPIToken + "=" + devTenant
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,9 +16,10 @@ func runMigrate(ctx context.Context, args []string) error {
 	if len(args) > 0 && (args[0] == "up" || args[0] == "status") {
 		action, args = args[0], args[1:]
 	}
-	var dbURL string
+	var dbURL, directURL string
 	s := newSettings("migrate", "Applies (up) or lists (status) the embedded migrations. Safe while other processes migrate.")
 	s.str(&dbURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL (required)")
+	s.str(&directURL, "database-direct-url", "DATABASE_DIRECT_URL", "", databaseDirectURLUsage)
 	if err := s.parse(args); err != nil {
 		return err
 	}
@@ -25,7 +27,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		return errors.New("database URL is required (--database-url or $DATABASE_URL)")
 	}
 	log := newLogger("info", "migrate")
-	db, err := openDB(ctx, commonConfig{DatabaseURL: dbURL, DBMaxConns: 2}, log)
+	db, err := openPool(ctx, cmp.Or(directURL, dbURL), 2, log)
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,12 @@ func startCommand(t *testing.T, env map[string]string, args ...string) *command 
 	cmd.Stdout, cmd.Stderr = io.MultiWriter(c.out, c.stdout), c.out
 	require.NoError(t, cmd.Start())
 	go func() { _ = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() { c.stop() })
+	t.Cleanup(func() {
+		c.stop()
+		if t.Failed() {
+			t.Logf("output of promoflow %s:\n%s", strings.Join(args, " "), c.output())
+		}
+	})
 	return c
 }
 
@@ -93,6 +98,21 @@ func (c *command) wait(limit time.Duration) (exitCode int, ended bool) {
 	}
 }
 
+// exitCode waits for the process to end by itself (at most limit, which only
+// stops a hung process from hanging the test) and returns its exit status.
+func (c *command) exitCode(t *testing.T, limit time.Duration) int {
+	t.Helper()
+	code, ended := c.wait(limit)
+	require.True(t, ended, "the process still runs after %s; output:\n%s", limit, c.output())
+	return code
+}
+
+// signal sends sig to the process: SIGSTOP holds it, SIGCONT lets it go on.
+func (c *command) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, c.cmd.Process.Signal(sig))
+}
+
 // stop sends SIGTERM and waits for the end (SIGKILL after 30s).
 func (c *command) stop() {
 	select {
@@ -100,6 +120,7 @@ func (c *command) stop() {
 		return
 	default:
 	}
+	_ = c.cmd.Process.Signal(syscall.SIGCONT) // a held process could not stop
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	if _, ended := c.wait(30 * time.Second); !ended {
 		_ = c.cmd.Process.Kill()
@@ -118,12 +139,7 @@ func (c *command) waitReady(t *testing.T, addr string) {
 			return true // failed below
 		default:
 		}
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return readyz(addr) == http.StatusOK
 	}, 120*time.Second, 100*time.Millisecond, "not ready at %s; output:\n%s", addr, c)
 	select {
 	case <-c.done:
@@ -133,6 +149,26 @@ func (c *command) waitReady(t *testing.T, addr string) {
 }
 
 func (c *command) String() string { return c.output() }
+
+// readyz is the status /readyz of the process at addr answers, 0 when none.
+func readyz(addr string) int {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// envOf is the settings map of KEY=VALUE lines.
+func envOf(lines ...string) map[string]string {
+	env := make(map[string]string, len(lines))
+	for _, kv := range lines {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env
+}
 
 func hasAnyPrefix(s string, prefixes []string) bool {
 	for _, p := range prefixes {

@@ -25,6 +25,7 @@ func runRebuild(ctx context.Context, args []string) error {
 		common commonConfig
 		topic  string
 		status bool
+		noPrep bool
 	)
 	s := newSettings("rebuild", "Rebuilds the PromotionBoost projection: resets contributions and card boosts, then replays the\n"+
 		"purchase topic (a compacted changelog) from its earliest offset. It refuses, changing nothing, when the\n"+
@@ -32,6 +33,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	common.registerStores(s)
 	s.str(&topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.bool(&status, "status", "REBUILD_STATUS", false, "print the newest rebuild's state as JSON and exit")
+	registerPreparedStatements(s, &noPrep)
 	db, log, err := common.openCommand(ctx, s, args, "rebuild")
 	if err != nil {
 		return err
@@ -50,7 +52,8 @@ func runRebuild(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	chain, closeChain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Kafka: cluster, Topic: topic})
+	chain, closeChain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Kafka: cluster, Topic: topic,
+		DisablePreparedStatements: noPrep})
 	if err != nil {
 		return err
 	}

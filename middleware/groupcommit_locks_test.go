@@ -38,7 +38,7 @@ func (w wideItem) locks() int { return 1 + len(w.targets) }
 // events, and an event wider than the bound goes alone.
 func TestGroupCommit_WideBatchStaysUnderTheLockTable(t *testing.T) {
 	t.Parallel()
-	db, err := sqlx.Open("postgres", pgtest.Server(t, "max_connections=20"))
+	db, err := sqlx.Open("postgres", pgtest.StartServer(t, pgtest.ServerOptions{Settings: map[string]string{"max_connections": "20"}}).URL("sslmode=disable"))
 	require.NoError(t, err)
 	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { db.Close() })

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local PostgreSQL + Kafka for promoflow's tests, without Docker.
 #
-#   scripts/stack.sh up [postgres|kafka]...
+#   scripts/stack.sh up [postgres|pgbouncer|kafka]...
 #                             start what is not running yet (idempotent); the last
 #                             lines on stdout are the export lines, so callers can
 #                             eval "$(scripts/stack.sh up)"
@@ -10,14 +10,24 @@
 #                             broker of their own from them) and print
 #                             export PROMOFLOW_KAFKA_LIBS=<folder>
 #   scripts/stack.sh status   say what runs (exit 0 if both run, 3 otherwise)
-#   scripts/stack.sh down [postgres|kafka]...
-#                             stop Kafka and PostgreSQL cleanly (or only those named)
+#   scripts/stack.sh down [postgres|pgbouncer|kafka]...
+#                             stop Kafka, PgBouncer and PostgreSQL cleanly (or only
+#                             those named)
 #   scripts/stack.sh restart postgres
 #                             pg_ctl restart -m fast: every connection is cut, the
 #                             server comes back on the same port (fault tests)
+#   scripts/stack.sh restart pgbouncer
+#                             stop PgBouncer at once (SIGTERM) and start it again
+#
+# With PROMOFLOW_PGBOUNCER=1 (or "up pgbouncer"), "up" of postgres also starts
+# Debian's PgBouncer in transaction pooling in front of PostgreSQL (installed
+# when missing), and the export lines point DATABASE_URL at it,
+# DATABASE_DIRECT_URL at PostgreSQL (migrations) and turn the consumer's
+# prepared statements off, as a process behind a transaction pooler needs
+# (docs/runbooks/postgres-connections.md).
 #
 # Stdout carries only the export lines; every progress message goes to stderr.
-# Both services listen on 127.0.0.1 only.
+# Every service listens on 127.0.0.1 only.
 #
 # Environment:
 #   PROMOFLOW_STACK_DIR              state (data, logs, pid files)  [~/.cache/promoflow/stack]
@@ -27,6 +37,9 @@
 #   PROMOFLOW_KAFKA_CONTROLLER_PORT  Kafka KRaft controller port     [29093]
 #   PROMOFLOW_PG_DIR                 PostgreSQL folder (see pg_dir)  [computed]
 #   PROMOFLOW_KAFKA_READY_TIMEOUT    seconds to wait for Kafka       [120]
+#   PROMOFLOW_PGBOUNCER              1: PgBouncer before PostgreSQL  [0]
+#   PROMOFLOW_PGBOUNCER_PORT         PgBouncer port                  [26432]
+#   PROMOFLOW_PGBOUNCER_POOL_SIZE    server connections per database [20]
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,6 +62,9 @@ KAFKA_LIBS=$CACHE_DIR/kafka-$KAFKA_VERSION/libs
 PG_PORT=${PROMOFLOW_PG_PORT:-25432}
 KAFKA_PORT=${PROMOFLOW_KAFKA_PORT:-29092}
 KAFKA_CONTROLLER_PORT=${PROMOFLOW_KAFKA_CONTROLLER_PORT:-29093}
+PGBOUNCER=${PROMOFLOW_PGBOUNCER:-0}
+PGBOUNCER_PORT=${PROMOFLOW_PGBOUNCER_PORT:-26432}
+PGBOUNCER_POOL_SIZE=${PROMOFLOW_PGBOUNCER_POOL_SIZE:-20}
 HOST=127.0.0.1
 KAFKA_DIR=$STATE_DIR/kafka
 KAFKA_PID_FILE=$KAFKA_DIR/kafka.pid
@@ -73,21 +89,31 @@ pid_alive() {
 # env_lines [pg] [kafka]: the export lines of the named services (default both).
 env_lines() {
 	local pg=${1:-1} kafka=${2:-1}
-	if ((pg)); then echo "export DATABASE_URL=postgres://postgres@$HOST:$PG_PORT/postgres?sslmode=disable"; fi
+	local direct=postgres://postgres@$HOST:$PG_PORT/postgres?sslmode=disable
+	if ((pg)) && [[ $PGBOUNCER == 1 ]]; then
+		echo "export DATABASE_URL=postgres://postgres@$HOST:$PGBOUNCER_PORT/postgres?sslmode=disable"
+		echo "export DATABASE_DIRECT_URL=$direct"
+		echo "export DATABASE_PREPARED_STATEMENTS=false"
+	elif ((pg)); then
+		echo "export DATABASE_URL=$direct"
+	fi
 	if ((kafka)); then echo "export KAFKA_BROKERS=$HOST:$KAFKA_PORT"; fi
 }
 
 # services "$@" sets want_pg and want_kafka from service names (none: both).
+# "pgbouncer" wants PgBouncer alone (down) or with PostgreSQL (up), whatever
+# PROMOFLOW_PGBOUNCER says; want_pgb is set for it.
 services() {
-	want_pg=1 want_kafka=1
+	want_pg=1 want_kafka=1 want_pgb=0
 	if (($#)); then
 		want_pg=0 want_kafka=0
 		local s
 		for s in "$@"; do
 			case $s in
 			postgres | postgresql) want_pg=1 ;;
+			pgbouncer) want_pgb=1 PGBOUNCER=1 ;;
 			kafka) want_kafka=1 ;;
-			*) die "unknown service: $s (postgres or kafka)" ;;
+			*) die "unknown service: $s (postgres, pgbouncer or kafka)" ;;
 			esac
 		done
 	fi
@@ -233,6 +259,80 @@ pg_down() {
 		as_pg "$bindir/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >&2
 	else
 		log "PostgreSQL not running"
+	fi
+}
+
+# ----------------------------------------------------------------- PgBouncer
+
+# PgBouncer's folder sits in the cluster's, which the postgres user can reach.
+pgb_dir() { echo "$(pg_dir)/pgbouncer"; }
+
+pgb_bin() {
+	command -v pgbouncer 2>/dev/null || { [[ -x /usr/sbin/pgbouncer ]] && echo /usr/sbin/pgbouncer; }
+}
+
+pgb_pid() {
+	local pid file
+	file=$(pgb_dir)/pgbouncer.pid
+	[[ -f $file ]] || return 1
+	pid=$(<"$file")
+	[[ $pid =~ ^[0-9]+$ ]] && pid_alive "$pid" || return 1
+	echo "$pid"
+}
+
+pgb_up() {
+	local dir bin pid i
+	if pid=$(pgb_pid); then
+		log "PgBouncer already running (pid $pid)"
+		return 0
+	fi
+	bin=$(pgb_bin) || {
+		apt_install pgbouncer
+		bin=$(pgb_bin)
+	}
+	if port_open "$PGBOUNCER_PORT"; then
+		die "port $PGBOUNCER_PORT is in use by another process; stop it or set PROMOFLOW_PGBOUNCER_PORT"
+	fi
+	dir=$(pgb_dir)
+	mkdir -p "$dir"
+	# Transaction pooling, as production runs it. Clients on 127.0.0.1 are
+	# trusted; the server side logs in as postgres.
+	echo '"postgres" ""' >"$dir/users.txt"
+	cat >"$dir/pgbouncer.ini" <<EOF
+; Generated by scripts/stack.sh on every start; edit the script, not this file.
+[databases]
+* = host=$HOST port=$PG_PORT user=postgres
+
+[pgbouncer]
+listen_addr = $HOST
+listen_port = $PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+default_pool_size = $PGBOUNCER_POOL_SIZE
+max_client_conn = 1000
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+	if is_root; then chown -R postgres: "$dir"; fi
+	log "starting PgBouncer on $HOST:$PGBOUNCER_PORT (transaction pooling, pool $PGBOUNCER_POOL_SIZE)"
+	as_pg "$bin" -d "$dir/pgbouncer.ini" >&2 || die "PgBouncer did not start (log: $dir/pgbouncer.log)"
+	for ((i = 0; i < 100; i++)); do
+		port_open "$PGBOUNCER_PORT" && return 0
+		sleep 0.1
+	done
+	die "PgBouncer does not answer on $HOST:$PGBOUNCER_PORT (log: $dir/pgbouncer.log)"
+}
+
+# SIGTERM: PgBouncer exits at once, cutting every connection.
+pgb_down() {
+	local pid
+	if pid=$(pgb_pid); then
+		log "stopping PgBouncer (pid $pid)"
+		kill -TERM "$pid" 2>/dev/null || true
+		while pid_alive "$pid"; do sleep 0.1; done
 	fi
 }
 
@@ -457,20 +557,23 @@ kafka_down() {
 # ------------------------------------------------------------------ commands
 
 cmd_up() {
-	local t0=$SECONDS want_pg want_kafka
+	local t0=$SECONDS want_pg want_kafka want_pgb
 	services "$@"
 	take_lock
+	if ((want_pgb)); then want_pg=1; fi
 	if ((want_pg)); then pg_up; fi
+	if ((want_pg)) && [[ $PGBOUNCER == 1 ]]; then pgb_up; fi
 	if ((want_kafka)); then kafka_up; fi
 	log "stack up in $((SECONDS - t0))s (state: $STATE_DIR)"
 	env_lines "$want_pg" "$want_kafka"
 }
 
 cmd_down() {
-	local want_pg want_kafka
+	local want_pg want_kafka want_pgb
 	services "$@"
 	take_lock
 	if ((want_kafka)); then kafka_down; fi
+	if ((want_pg || want_pgb)); then pgb_down; fi
 	if ((want_pg)); then pg_down; fi
 }
 
@@ -492,6 +595,12 @@ cmd_status() {
 		echo "postgresql: stopped"
 		rc=3
 	fi
+	if pid=$(pgb_pid); then
+		echo "pgbouncer: running on $HOST:$PGBOUNCER_PORT (pid $pid, transaction pooling)"
+	elif [[ $PGBOUNCER == 1 ]]; then
+		echo "pgbouncer: stopped"
+		rc=3
+	fi
 	if pid=$(kafka_pid); then
 		if kafka_ready; then
 			echo "kafka: running on $HOST:$KAFKA_PORT (pid $pid, data $KAFKA_DIR/data)"
@@ -510,9 +619,15 @@ case ${1:-} in
 up) cmd_up "${@:2}" ;;
 down) cmd_down "${@:2}" ;;
 restart)
-	[[ ${2:-} == postgres ]] || die "restart takes postgres"
 	take_lock
-	pg_restart
+	case ${2:-} in
+	postgres) pg_restart ;;
+	pgbouncer)
+		pgb_down
+		pgb_up
+		;;
+	*) die "restart takes postgres or pgbouncer" ;;
+	esac
 	;;
 env) env_lines ;;
 fetch)
@@ -522,7 +637,7 @@ fetch)
 	;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up [postgres|kafka]...|down [postgres|kafka]...|restart postgres|env|fetch|status}" >&2
+	echo "usage: $0 {up [postgres|pgbouncer|kafka]...|down [postgres|pgbouncer|kafka]...|restart postgres|pgbouncer|env|fetch|status}" >&2
 	exit 2
 	;;
 esac

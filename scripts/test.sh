@@ -3,7 +3,8 @@
 #
 #   scripts/test.sh [extra go test args...]
 #
-# 1. installs what is missing (PostgreSQL via scripts/stack.sh, Go modules);
+# 1. installs what is missing (PostgreSQL via scripts/stack.sh, PgBouncer,
+#    Go modules);
 # 2. starts PostgreSQL + Kafka with scripts/stack.sh, unless DATABASE_URL and
 #    KAFKA_BROKERS are both set already (then those are used as they are), and
 #    fetches the Kafka jars that the TLS/SASL tests start a broker from;
@@ -58,6 +59,10 @@ trap stop_started EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# The tests start the PgBouncers they need; their DATABASE_URL is the server.
+export PROMOFLOW_PGBOUNCER=0
+unset DATABASE_DIRECT_URL DATABASE_PREPARED_STATEMENTS
+
 if [[ -n ${DATABASE_URL:-} && -n ${KAFKA_BROKERS:-} ]]; then
 	log "using DATABASE_URL and KAFKA_BROKERS from the environment; not starting the stack"
 	STACK_NOTE="external services"
@@ -101,6 +106,15 @@ if ! command -v promtool >/dev/null; then
 fi
 log "promtool check/test rules"
 (cd deploy/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml) || rules_rc=$?
+
+# PgBouncer: the tests start their own (sqlmigrate/pgtest) in transaction
+# pooling; Debian's package, as production runs it.
+if ! command -v pgbouncer >/dev/null && [[ ! -x /usr/sbin/pgbouncer ]]; then
+	[[ $(id -u) -eq 0 ]] || die "pgbouncer is missing (apt-get install pgbouncer)"
+	log "installing pgbouncer (Debian package)"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >&2
+fi
 
 test_rc=0
 test_out=$(mktemp)

@@ -1,5 +1,6 @@
 // Package sqlmigrate holds the schema's history as embedded, numbered SQL files
-// and applies the missing ones. Migrations are never applied by hand.
+// and applies the missing ones, and opens the database as every process does
+// (Open). Migrations are never applied by hand.
 package sqlmigrate
 
 import (
@@ -15,8 +16,8 @@ import (
 //go:embed migrations/*.sql
 var files embed.FS
 
-// lockKey is the pg_advisory_lock key that serialises migrators, so that
-// processes starting at once apply each migration exactly once.
+// lockKey is the transaction-scoped advisory lock key that serialises
+// migrators, so that processes starting at once apply each migration exactly once.
 const lockKey = 7_301_914_221
 
 // Migration is one embedded SQL file.
@@ -44,46 +45,75 @@ func All() ([]Migration, error) {
 	return out, nil
 }
 
-// Up applies every migration that the database lacks, each in its own
-// transaction, under a session advisory lock. It returns the versions applied.
+// Up applies every migration that the database lacks and returns the versions
+// it applied. Each runs in a transaction of its own that first takes a
+// transaction-scoped advisory lock and checks again that the migration is
+// missing: migrators starting at once apply each migration exactly once, and
+// no lock outlives its transaction, so Up works as well through a pooler in
+// transaction mode (a session lock there would stay with whichever server
+// connection took it).
 func Up(ctx context.Context, db *sql.DB) ([]string, error) {
 	all, err := All()
 	if err != nil {
 		return nil, err
 	}
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
+	if err := inLockedTx(ctx, db, "create migrations table", func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS public.promoflow_migrations (
+			version text PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now())`)
+		return err
+	}); err != nil {
+		return nil, err
 	}
-	defer conn.Close()
-
-	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
-		return nil, fmt.Errorf("take migration lock: %w", err)
-	}
-	// Unlock on a fresh context: the caller's may be cancelled by now.
-	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lockKey) //nolint:errcheck
-
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS public.promoflow_migrations (
-		version text PRIMARY KEY,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return nil, fmt.Errorf("create migrations table: %w", err)
-	}
-	done, err := appliedVersions(ctx, conn)
+	done, err := appliedVersions(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-
 	var applied []string
 	for _, m := range all {
 		if done[m.Version] {
 			continue
 		}
-		if err := apply(ctx, conn, m); err != nil {
+		ran := false
+		if err := inLockedTx(ctx, db, "apply "+m.Version, func(tx *sql.Tx) error {
+			var exists bool
+			if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM public.promoflow_migrations WHERE version = $1)`,
+				m.Version).Scan(&exists); err != nil || exists {
+				return err // another migrator applied it meanwhile
+			}
+			if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+				return err
+			}
+			ran = true
+			_, err := tx.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version) VALUES ($1)`, m.Version)
+			return err
+		}); err != nil {
 			return applied, err
 		}
-		applied = append(applied, m.Version)
+		if ran {
+			applied = append(applied, m.Version)
+		}
 	}
 	return applied, nil
+}
+
+// inLockedTx runs fn in a transaction that holds the migrators' lock.
+func inLockedTx(ctx context.Context, db *sql.DB, what string, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%s: begin: %w", what, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		return fmt.Errorf("%s: take migration lock: %w", what, err)
+	}
+	if err := fn(tx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", what, err)
+	}
+	return nil
 }
 
 // Status lists every embedded migration with whether the database has it.
@@ -92,18 +122,13 @@ func Status(ctx context.Context, db *sql.DB) (map[string]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close()
 	var exists bool
-	if err := conn.QueryRowContext(ctx, `SELECT to_regclass('public.promoflow_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass('public.promoflow_migrations') IS NOT NULL`).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("look up migrations table: %w", err)
 	}
 	done := map[string]bool{}
 	if exists {
-		if done, err = appliedVersions(ctx, conn); err != nil {
+		if done, err = appliedVersions(ctx, db); err != nil {
 			return nil, err
 		}
 	}
@@ -114,8 +139,8 @@ func Status(ctx context.Context, db *sql.DB) (map[string]bool, error) {
 	return out, nil
 }
 
-func appliedVersions(ctx context.Context, conn *sql.Conn) (map[string]bool, error) {
-	rows, err := conn.QueryContext(ctx, `SELECT version FROM public.promoflow_migrations`)
+func appliedVersions(ctx context.Context, db *sql.DB) (map[string]bool, error) {
+	rows, err := db.QueryContext(ctx, `SELECT version FROM public.promoflow_migrations`)
 	if err != nil {
 		return nil, fmt.Errorf("read applied migrations: %w", err)
 	}
@@ -129,22 +154,4 @@ func appliedVersions(ctx context.Context, conn *sql.Conn) (map[string]bool, erro
 		done[v] = true
 	}
 	return done, rows.Err()
-}
-
-func apply(ctx context.Context, conn *sql.Conn, m Migration) error {
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin %s: %w", m.Version, err)
-	}
-	defer tx.Rollback() //nolint:errcheck
-	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-		return fmt.Errorf("apply %s: %w", m.Version, err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version) VALUES ($1)`, m.Version); err != nil {
-		return fmt.Errorf("record %s: %w", m.Version, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit %s: %w", m.Version, err)
-	}
-	return nil
 }

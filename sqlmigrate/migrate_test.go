@@ -2,11 +2,9 @@ package sqlmigrate_test
 
 import (
 	"context"
-	"database/sql"
 	"sync"
 	"testing"
 
-	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/sqlmigrate"
@@ -15,7 +13,16 @@ import (
 
 func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 	t.Parallel()
-	url := pgtest.DatabaseURL(t)
+	t.Run("direct", func(t *testing.T) { t.Parallel(); concurrentMigrators(t, pgtest.DatabaseURL(t)) })
+	// No lock outlives a transaction, so migrators sharing a pooler's server
+	// connections neither skip each other nor wait for ever.
+	t.Run("pgbouncer", func(t *testing.T) {
+		t.Parallel()
+		concurrentMigrators(t, pgtest.StartPgBouncer(t, pgtest.PgBouncerOptions{Upstream: pgtest.DatabaseURL(t), PoolSize: 2}).URL())
+	})
+}
+
+func concurrentMigrators(t *testing.T, url string) {
 	all, err := sqlmigrate.All()
 	require.NoError(t, err)
 
@@ -25,7 +32,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			db, err := sql.Open("postgres", url)
+			db, err := sqlmigrate.Open(url)
 			if err != nil {
 				t.Error(err)
 				return
@@ -46,7 +53,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 	}
 	require.Equal(t, len(all), total, "every migration applied by exactly one process")
 
-	db, err := sql.Open("postgres", url)
+	db, err := sqlmigrate.Open(url)
 	require.NoError(t, err)
 	defer db.Close()
 	st, err := sqlmigrate.Status(context.Background(), db)
@@ -61,7 +68,7 @@ func TestUp_ConcurrentMigratorsApplyEachMigrationOnce(t *testing.T) {
 
 func TestStatus_OnAnEmptyDatabaseListsEveryMigrationAsPending(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("postgres", pgtest.DatabaseURL(t))
+	db, err := sqlmigrate.Open(pgtest.DatabaseURL(t))
 	require.NoError(t, err)
 	defer db.Close()
 	st, err := sqlmigrate.Status(context.Background(), db)

@@ -25,27 +25,7 @@ func BenchmarkApply(b *testing.B) {
 		b.Run(fmt.Sprintf("consumers=%d", consumers), func(b *testing.B) {
 			db := pgtest.DB(b)
 			ctx := context.Background()
-			type pair struct{ project, object uuid.UUID }
-			var pairs []pair
-			for range 50 {
-				p := uuid.New()
-				err := inTx(ctx, db, func(tx *sqlx.Tx) error {
-					if err := boost.UpsertProjectCardTx(ctx, tx, projectCard(p)); err != nil {
-						return err
-					}
-					for range 20 {
-						o := uuid.New()
-						if err := boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(o, p, true)); err != nil {
-							return err
-						}
-						pairs = append(pairs, pair{p, o})
-					}
-					return nil
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
+			pairs := benchCards(b, db)
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			b.ResetTimer()
@@ -65,4 +45,34 @@ func BenchmarkApply(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
 	}
+}
+
+// cardPair is a project card and one of its published objects.
+type cardPair struct{ project, object uuid.UUID }
+
+// benchCards stores 50 project cards of 20 published objects each and
+// returns every project-object pair.
+func benchCards(b *testing.B, db *sqlx.DB) []cardPair {
+	ctx := context.Background()
+	var pairs []cardPair
+	for range 50 {
+		p := uuid.New()
+		err := inTx(ctx, db, func(tx *sqlx.Tx) error {
+			if err := boost.UpsertProjectCardTx(ctx, tx, projectCard(p)); err != nil {
+				return err
+			}
+			for range 20 {
+				o := uuid.New()
+				if err := boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(o, p, true)); err != nil {
+					return err
+				}
+				pairs = append(pairs, cardPair{p, o})
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return pairs
 }

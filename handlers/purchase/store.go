@@ -55,9 +55,11 @@ func InsertTx(ctx context.Context, tx *sqlx.Tx, p Purchase) error {
 	if err != nil {
 		return fmt.Errorf("encode targets: %w", err)
 	}
+	// A string, not []byte: jsonb takes its text form (sqlmigrate.Open sends
+	// []byte parameters in binary, which jsonb would read as its binary form).
 	_, err = tx.ExecContext(ctx, `INSERT INTO promotion.promotion_purchases (`+Columns+`)
 		VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)`,
-		p.ID, p.TenantID, p.PackageKind, targets, p.BoostWeight, p.Status, p.PaymentStatus,
+		p.ID, p.TenantID, p.PackageKind, string(targets), p.BoostWeight, p.Status, p.PaymentStatus,
 		p.StartsAt, p.EndsAt, p.CreatedAt, p.UpdatedAt, p.Version)
 	if err != nil {
 		return fmt.Errorf("insert purchase: %w", err)

@@ -30,10 +30,6 @@ import (
 // ErrRunning is a rebuild under way in this or another process.
 var ErrRunning = errors.New("a projection rebuild is already running")
 
-// lockKey is the pg_advisory_lock key that lets one rebuild run at a time in
-// the whole cluster.
-const lockKey = 7_301_914_222
-
 // Rebuilder runs projection rebuilds, one at a time across every process.
 type Rebuilder struct {
 	cfg Config
@@ -48,7 +44,7 @@ type Rebuilder struct {
 type run struct {
 	id       string
 	progress bounded.Progress
-	cancel   context.CancelFunc
+	cancel   context.CancelCauseFunc
 	done     chan struct{}
 }
 
@@ -113,7 +109,7 @@ func (r *Rebuilder) Stop() {
 	cur := r.cur
 	r.mu.Unlock()
 	if cur != nil {
-		cur.cancel()
+		cur.cancel(nil)
 		<-cur.done
 	}
 }
@@ -130,26 +126,12 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 	}
 	defer func() { report(err) }()
 
-	conn, err := r.cfg.DB.Connx(ctx)
-	if err != nil {
-		return fmt.Errorf("rebuild connection: %w", err)
-	}
-	defer conn.Close()
-	var locked bool
-	if err := conn.GetContext(ctx, &locked, `SELECT pg_try_advisory_lock($1)`, lockKey); err != nil {
-		return fmt.Errorf("rebuild lock: %w", err)
-	}
-	if !locked {
-		return ErrRunning
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lockKey) //nolint:errcheck
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	cur := &run{id: uuid.NewString(), cancel: cancel, done: make(chan struct{})}
 	defer close(cur.done)
 	now := time.Now().UTC()
-	if err := insertStatus(ctx, r.cfg.DB, Status{ID: cur.id, State: StateRunning, StartedAt: &now}); err != nil {
+	if err := acquire(ctx, r.cfg.DB, Status{ID: cur.id, StartedAt: &now}, r.cfg.StaleAfter); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -160,8 +142,14 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 		r.mu.Lock()
 		r.cur = nil
 		r.mu.Unlock()
+		if cause := context.Cause(ctx); errors.Is(cause, errLeaseLost) {
+			err = cause
+		}
 		r.finish(context.WithoutCancel(ctx), cur, err)
 	}()
+	// From here on the progress writes renew the lease (lease.go).
+	stopSaving := r.saveProgress(ctx, cur)
+	defer stopSaving()
 
 	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-catalog-rebuild")
 	if err != nil {
@@ -193,8 +181,6 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 	if err := r.hook(ctx, r.beforeReplay); err != nil {
 		return err
 	}
-	stopSaving := r.saveProgress(ctx, cur)
-	defer stopSaving()
 	return client.Read(ctx, ranges, r.apply(&cur.progress, log), &cur.progress)
 }
 
@@ -251,7 +237,8 @@ func (r *Rebuilder) apply(p *bounded.Progress, log *slog.Logger) bounded.Handler
 	}
 }
 
-// saveProgress writes the progress every StatusEvery until stopped.
+// saveProgress writes the progress every StatusEvery until stopped, which
+// renews the rebuild's lease; it cancels the rebuild when the lease was lost.
 func (r *Rebuilder) saveProgress(ctx context.Context, cur *run) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -263,7 +250,13 @@ func (r *Rebuilder) saveProgress(ctx context.Context, cur *run) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := saveStatus(ctx, r.cfg.DB, cur.id, StateRunning, cur.progress.Snapshot(), nil, ""); err != nil && ctx.Err() == nil {
+				err := saveStatus(ctx, r.cfg.DB, cur.id, StateRunning, cur.progress.Snapshot(), nil, "")
+				switch {
+				case errors.Is(err, errLeaseLost):
+					// Another rebuild runs now: this one stops rather than race it.
+					cur.cancel(err)
+					return
+				case err != nil && ctx.Err() == nil:
 					r.cfg.Log.Warn("rebuild progress not saved", "rebuildId", cur.id, "error", err.Error())
 				}
 			}

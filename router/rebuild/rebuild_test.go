@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/logtest"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/rebuild"
@@ -256,4 +257,46 @@ func partitionOf(t *testing.T, topic string) int32 {
 	}
 	t.Fatal("no partition holds records")
 	return -1
+}
+
+// TestRebuild_LeaseIsTheRunningRow: a running rebuild that writes its
+// progress refuses a second one; one whose process stopped writing is taken
+// over once stale; and a rebuild whose row was taken over stops.
+func TestRebuild_LeaseIsTheRunningRow(t *testing.T) {
+	b := setup(t)
+	b.Start(t)
+	insertRunning := func(age time.Duration) uuid.UUID {
+		id := uuid.New()
+		_, err := b.DB.Exec(`INSERT INTO catalog.projection_rebuilds (id, state, started_at, updated_at)
+			VALUES ($1, 'running', now() - $2::interval, now() - $2::interval)`, id, age.String())
+		require.NoError(t, err)
+		return id
+	}
+	fresh := insertRunning(0)
+	_, err := newRebuilder(t, b).Run(context.Background())
+	require.ErrorIs(t, err, rebuild.ErrRunning, "a running rebuild that writes its progress holds the lease")
+
+	_, err = b.DB.Exec(`UPDATE catalog.projection_rebuilds SET updated_at = now() - interval '1 hour' WHERE id = $1`, fresh)
+	require.NoError(t, err)
+	st, err := newRebuilder(t, b).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, rebuild.StateDone, st.State)
+	var abandoned rebuild.Status
+	require.NoError(t, b.DB.Get(&abandoned, `SELECT state, error FROM catalog.projection_rebuilds WHERE id = $1`, fresh))
+	require.Equal(t, rebuild.StateFailed, abandoned.State)
+	require.Contains(t, abandoned.Error, "abandoned")
+
+	var logs logtest.Logs
+	taken, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
+		Chain: b.Catalog.Chain, Log: logs.Logger()})
+	require.NoError(t, err)
+	t.Cleanup(taken.Stop)
+	taken.SetHooks(nil, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	started, err := taken.Start(context.Background())
+	require.NoError(t, err)
+	_, err = b.DB.Exec(`UPDATE catalog.projection_rebuilds SET state = 'failed' WHERE id = $1`, started.ID)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(logs.Find(slog.LevelError, "projection rebuild failed")) == 1 },
+		30*time.Second, 20*time.Millisecond, "the rebuild whose lease was taken stops by itself")
+	require.Contains(t, logs.Find(slog.LevelError, "projection rebuild failed")[0]["error"], "rebuild lease lost")
 }

@@ -62,22 +62,18 @@ func newest(ctx context.Context, db *sqlx.DB, staleAfter time.Duration) (Status,
 	return st, nil
 }
 
-func insertStatus(ctx context.Context, db *sqlx.DB, st Status) error {
-	_, err := db.ExecContext(ctx, `INSERT INTO catalog.projection_rebuilds (id, state, started_at, updated_at)
-		VALUES ($1, $2, $3, $3)`, st.ID, st.State, st.StartedAt)
-	if err != nil {
-		return fmt.Errorf("record rebuild: %w", err)
-	}
-	return nil
-}
-
-// saveStatus writes the progress, and the outcome once finished is set.
+// saveStatus writes the progress of the running rebuild id, which renews its
+// lease, and the outcome once finished is set. It returns errLeaseLost when
+// the row is no longer running (another rebuild took over).
 func saveStatus(ctx context.Context, db *sqlx.DB, id string, state State, c bounded.Counts, finished *time.Time, errText string) error {
-	_, err := db.ExecContext(ctx, `UPDATE catalog.projection_rebuilds SET state = $2, finished_at = $3, updated_at = now(),
-		offsets_done = $4, offsets_total = $5, read = $6, applied = $7, skipped = $8, error = $9 WHERE id = $1`,
+	res, err := db.ExecContext(ctx, `UPDATE catalog.projection_rebuilds SET state = $2, finished_at = $3, updated_at = now(),
+		offsets_done = $4, offsets_total = $5, read = $6, applied = $7, skipped = $8, error = $9 WHERE id = $1 AND state = 'running'`,
 		id, state, finished, c.OffsetsDone, c.OffsetsTotal, c.Read, c.Replayed, c.Skipped, errText)
 	if err != nil {
 		return fmt.Errorf("record rebuild progress: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return errors.Join(errLeaseLost, err)
 	}
 	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	_ "github.com/lib/pq" // PostgreSQL driver
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/sqlmigrate"
@@ -40,7 +39,7 @@ func RandomSuffix() string {
 func DatabaseURL(t testing.TB) string {
 	t.Helper()
 	base := mustEnv(t, "DATABASE_URL")
-	admin, err := sqlx.Open("postgres", base)
+	admin, err := open(base)
 	require.NoError(t, err)
 	t.Cleanup(func() { admin.Close() })
 
@@ -62,11 +61,20 @@ func DB(t testing.TB) *sqlx.DB {
 	return Open(t, DatabaseURL(t))
 }
 
+// open opens url as the processes do (sqlmigrate.Open).
+func open(url string) (*sqlx.DB, error) {
+	db, err := sqlmigrate.Open(url)
+	if err != nil {
+		return nil, err
+	}
+	return sqlx.NewDb(db, "postgres"), nil
+}
+
 // Open is a handle of its own on the database at url, migrated: a second
 // Open of one url is another process's view of the same database.
 func Open(t testing.TB, url string) *sqlx.DB {
 	t.Helper()
-	db, err := sqlx.Open("postgres", url)
+	db, err := open(url)
 	require.NoError(t, err)
 	db.SetMaxOpenConns(40)
 	t.Cleanup(func() { db.Close() })

@@ -1,0 +1,40 @@
+package sqlmigrate
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/lib/pq"
+)
+
+// Open opens the PostgreSQL database at dsn as every promoflow process (and
+// test) does: lib/pq sends each statement with parameters in one round trip
+// (its binary_parameters mode), whatever dsn says.
+//
+// lib/pq's default sends a statement's parse and its execution as two
+// exchanges, each ending in a Sync. Outside a transaction, a pooler in
+// transaction mode (PgBouncer) may give the server to another client between
+// them: the execution then fails ("bind message supplies 1 parameters, but
+// prepared statement "" requires 2"), or runs that client's statement with
+// these parameters. In one exchange the pooler cannot split it, and every
+// statement saves a round trip. The mode sends []byte parameters in binary:
+// a jsonb or uuid value goes as a string.
+//
+// An unparsable dsn is reported without the dsn itself, which may hold a password.
+func Open(dsn string) (*sql.DB, error) {
+	cfg, err := pq.NewConfig(dsn)
+	if err != nil {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			return nil, fmt.Errorf("database URL: %w", ue.Err)
+		}
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	cfg.BinaryParameters = true
+	connector, err := pq.NewConnectorConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	return sql.OpenDB(connector), nil
+}
