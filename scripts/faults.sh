@@ -47,7 +47,7 @@ log "form $FORM; stack $DATABASE_URL $KAFKA_BROKERS; logs in $FAULTS_LOG_DIR"
 
 out=$FAULTS_LOG_DIR/go-test.log
 rc=0
-go test -tags faults -count=1 -timeout 60m -v ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
+go test -tags faults -count=1 -timeout 60m -v -run '^TestFaults$' ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
 grep -E '^\s+(faults_test|[a-z_]+_test)\.go:[0-9]+:' "$out" | head -n 40 >&2 || true
 # The summary the suite printed last: one line per scenario, then the count.
 sed -n '/^$/,$p' "$out" | grep -E '^(scenario|faults:)' | tail -n 11

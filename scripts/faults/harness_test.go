@@ -5,7 +5,9 @@
 // stack of their own, so restarts never disturb other tests), drives traffic,
 // injects one fault per scenario, waits for quiescence and checks the
 // system's invariants from outside, while a real Prometheus scrapes the
-// processes and evaluates the project's alert rules.
+// processes and evaluates the project's alert rules. The checks of the topic
+// and the cards are the checker of checker_test.go (no build tag), which
+// TestChecker_DetectsEachViolation shows can fail.
 package faults
 
 import (
