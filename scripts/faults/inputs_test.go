@@ -92,7 +92,9 @@ func rebuildUnderLoad(t *testing.T, e *env) int {
 	}); !ok || state != "done" {
 		e.violate("rebuild state %q, want done", state)
 	}
-	during = tr.created.Load() - during
+	if during = tr.created.Load() - during; during == 0 {
+		e.violate("no purchase was created while the rebuild ran")
+	}
 	tr.waitCreated(100, 30*time.Second, "after the rebuild")
 	tr.halt()
 	t.Logf("traffic: %s; %d purchases created while the rebuild ran", tr, during)

@@ -150,7 +150,8 @@ func (e *env) consumerLag() (int64, error) {
 
 // quiesce waits until nothing is left to expire, relay or consume (up to
 // timeout), then until every invariant holds (up to 30s more), and returns
-// how long that took. Violations still present then are recorded.
+// how long that took. Violations still present then are recorded, up to 10
+// of each check.
 func (e *env) quiesce(timeout time.Duration) time.Duration {
 	var left string
 	took, ok := eventually(e.ctx, timeout, func() bool {
@@ -161,23 +162,27 @@ func (e *env) quiesce(timeout time.Duration) time.Duration {
 	if !ok {
 		e.violate("not quiescent after %s: %s", timeout, left)
 	}
-	var last []string
+	var last [][]string
 	more, ok := eventually(e.ctx, 30*time.Second, func() bool {
+		last = nil
 		for _, check := range []func() []string{e.checkAlive, e.checkEvents, e.checkCards, e.checkAudit} {
-			if last = check(); len(last) > 0 {
-				return false
+			if bad := check(); len(bad) > 0 {
+				last = append(last, bad)
 			}
 		}
-		return true
+		return len(last) == 0
 	})
 	if !ok {
-		sort.Strings(last)
-		for i, v := range last {
-			if i == 10 {
-				e.violate("... and %d more", len(last)-10)
-				break
+		// Up to 10 of each check's.
+		for _, bad := range last {
+			sort.Strings(bad)
+			for i, v := range bad {
+				if i == 10 {
+					e.violate("... and %d more", len(bad)-10)
+					break
+				}
+				e.violate("%s", v)
 			}
-			e.violate("%s", v)
 		}
 	}
 	return took + more
