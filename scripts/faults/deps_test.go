@@ -40,8 +40,8 @@ func (tr *traffic) waitCreated(n int64, timeout time.Duration, while string) {
 // catalog process answers /readyz unready. While it is down the API keeps
 // creating purchases (50 more get 201; their events wait in the outbox) and
 // answers no request with a 503 or a dropped connection. Every process is
-// ready again by itself within 2 minutes, and the relay and the consumer
-// catch up (the checker at quiescence).
+// ready again by itself within 2 minutes, 50 more purchases are created,
+// and the relay and the consumer catch up (the checker at quiescence).
 func restartKafka(t *testing.T, e *env) int {
 	tr := e.drive(100, 0.2)
 	tr.waitCreated(100, 30*time.Second, "before the fault")
@@ -68,7 +68,7 @@ func restartKafka(t *testing.T, e *env) int {
 // /readyz unready. Meanwhile the API answers 503 with Retry-After and a JSON
 // error (at least one such answer), never another 5xx or a dropped
 // connection (traffic's checks). Every process is ready again by itself
-// within 2 minutes.
+// within 2 minutes, and 50 more purchases are created.
 func restartPostgres(t *testing.T, e *env) int {
 	tr := e.drive(100, 0.2)
 	tr.waitCreated(100, 30*time.Second, "before the fault")
