@@ -8,9 +8,11 @@
 # It starts a PostgreSQL and a Kafka of its own (state in
 # ~/.cache/promoflow/faults-stack, ports 25442, 29102 and 29103; override with
 # PROMOFLOW_FAULTS_STACK_DIR and PROMOFLOW_FAULTS_*_PORT), because its scenarios
-# restart them; installs Debian's prometheus when missing; runs
-# go test -tags faults ./scripts/faults; prints one line per scenario and a
-# final "faults: N passed, N failed" line; and stops that stack again.
+# restart them; installs Debian's prometheus when missing; runs TestFaults
+# (go test -tags faults ./scripts/faults; its checker's own test,
+# TestChecker_DetectsEachViolation, runs in every go test ./...); prints one
+# line per scenario and a final "faults: N passed, N failed" line; and stops
+# that stack again.
 # Process logs and Prometheus' data go to $FAULTS_LOG_DIR (default: a temp dir).
 set -euo pipefail
 
@@ -47,7 +49,7 @@ log "form $FORM; stack $DATABASE_URL $KAFKA_BROKERS; logs in $FAULTS_LOG_DIR"
 
 out=$FAULTS_LOG_DIR/go-test.log
 rc=0
-go test -tags faults -count=1 -timeout 60m -v ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
+go test -tags faults -count=1 -timeout 60m -v -run '^TestFaults$' ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
 grep -E '^\s+(faults_test|[a-z_]+_test)\.go:[0-9]+:' "$out" | head -n 40 >&2 || true
 # The summary the suite printed last: one line per scenario, then the count.
 sed -n '/^$/,$p' "$out" | grep -E '^(scenario|faults:)' | tail -n 11

@@ -3,83 +3,87 @@
 package faults
 
 import (
-	"context"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 )
 
-// watchReady polls /readyz of procs until stopped, and reports which of them
-// were seen unready.
-func (e *env) watchReady(procs []*proc) (stop func() map[string]bool) {
-	ctx, cancel := context.WithCancel(e.ctx)
-	var mu sync.Mutex
+// waitUnready waits until each of procs answers /readyz with 503; a violation
+// names those that did not within timeout.
+func (e *env) waitUnready(procs []*proc, timeout time.Duration) {
 	unready := map[string]bool{}
-	var wg sync.WaitGroup
-	for _, p := range procs {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				if code := p.ready(); code != http.StatusOK && code != 0 {
-					mu.Lock()
-					unready[p.name] = true
-					mu.Unlock()
-				}
-				time.Sleep(100 * time.Millisecond)
+	eventually(e.ctx, timeout, func() bool {
+		for _, p := range procs {
+			if !unready[p.name] && p.ready() == http.StatusServiceUnavailable {
+				unready[p.name] = true
 			}
-		})
+		}
+		return len(unready) == len(procs)
+	})
+	for _, p := range procs {
+		if !unready[p.name] {
+			e.violate("%s did not answer /readyz unready within %s", p.name, timeout)
+		}
 	}
-	return func() map[string]bool { cancel(); wg.Wait(); return unready }
 }
 
-// restartKafka: the broker goes down under load and comes back. The API keeps
-// answering (its writes go to the outbox), the catalog turns unready and then
-// ready by itself, the relay and the consumers catch up.
+// waitCreated waits until traffic has created n more purchases; a violation
+// when it did not within timeout.
+func (tr *traffic) waitCreated(n int64, timeout time.Duration, while string) {
+	from := tr.created.Load()
+	if _, ok := eventually(tr.e.ctx, timeout, func() bool { return tr.created.Load() >= from+n }); !ok {
+		tr.e.violate("%d purchases created in %s %s, want %d", tr.created.Load()-from, timeout, while, n)
+	}
+}
+
+// restartKafka: under traffic the broker stops, and starts again once every
+// catalog process answers /readyz unready. While it is down the API keeps
+// creating purchases (50 more get 201; their events wait in the outbox) and
+// answers no request with a 503 or a dropped connection. Every process is
+// ready again by itself within 2 minutes, 50 more purchases are created,
+// and the relay and the consumer catch up (the checker at quiescence).
 func restartKafka(t *testing.T, e *env) int {
 	tr := e.drive(100, 0.2)
-	time.Sleep(2 * time.Second)
-	watch := e.watchReady(e.catalogs)
+	tr.waitCreated(100, 30*time.Second, "before the fault")
 	e.s.stack(t, "down", "kafka")
 	e.fault()
-	time.Sleep(5 * time.Second)
+	unavailable, dropped := tr.unavailable.Load(), tr.dropped.Load()
+	e.waitUnready(e.catalogs, time.Minute)
+	tr.waitCreated(50, 30*time.Second, "while Kafka was down")
+	if u, d := tr.unavailable.Load()-unavailable, tr.dropped.Load()-dropped; u != 0 || d != 0 {
+		e.violate("while Kafka was down the API answered %d requests with 503 and dropped %d", u, d)
+	}
 	e.s.stack(t, "up", "kafka")
 	if !e.waitReady(2 * time.Minute) {
 		e.violate("the processes did not become ready by themselves after Kafka came back")
 	}
-	for _, p := range e.catalogs {
-		if !watch()[p.name] {
-			e.violate("%s never turned unready while Kafka was down", p.name)
-		}
-	}
-	time.Sleep(2 * time.Second)
+	tr.waitCreated(50, 30*time.Second, "after Kafka came back")
 	tr.halt()
 	t.Logf("traffic: %s", tr)
 	return int(tr.created.Load())*2 + int(tr.cancels.Load())
 }
 
-// restartPostgres: pg_ctl restart -m fast under load. The API answers 503 with
-// Retry-After and a JSON error, never a bare 500; every process turns unready,
-// then ready by itself.
+// restartPostgres: under traffic PostgreSQL stops (pg_ctl stop -m fast,
+// which cuts every connection) and starts again once every process answers
+// /readyz unready. Meanwhile the API answers 503 with Retry-After and a JSON
+// error (at least one such answer), never another 5xx or a dropped
+// connection (traffic's checks). Every process is ready again by itself
+// within 2 minutes, and 50 more purchases are created.
 func restartPostgres(t *testing.T, e *env) int {
 	tr := e.drive(100, 0.2)
-	time.Sleep(2 * time.Second)
-	watch := e.watchReady(e.all())
-	e.s.stack(t, "restart", "postgres")
+	tr.waitCreated(100, 30*time.Second, "before the fault")
+	unavailable := tr.unavailable.Load()
+	e.s.stack(t, "down", "postgres")
 	e.fault()
-	time.Sleep(2 * time.Second)
+	e.waitUnready(e.all(), time.Minute)
+	if _, ok := eventually(e.ctx, 30*time.Second, func() bool { return tr.unavailable.Load() > unavailable }); !ok {
+		e.violate("no request got a 503 while PostgreSQL was down")
+	}
+	e.s.stack(t, "up", "postgres")
 	if !e.waitReady(2 * time.Minute) {
 		e.violate("the processes did not become ready by themselves after PostgreSQL came back")
 	}
-	unready := watch()
-	for _, p := range e.all() {
-		if !unready[p.name] {
-			t.Logf("%s was not seen unready during the restart (it may have been quicker than a probe)", p.name)
-		}
-	}
-	if len(unready) == 0 {
-		e.violate("no process turned unready while PostgreSQL restarted")
-	}
-	time.Sleep(2 * time.Second)
+	tr.waitCreated(50, 30*time.Second, "after PostgreSQL came back")
 	tr.halt()
 	t.Logf("traffic: %s", tr)
 	return int(tr.created.Load())*2 + int(tr.cancels.Load())

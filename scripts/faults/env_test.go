@@ -36,9 +36,18 @@ type env struct {
 	promotions, catalogs      []*proc
 	projects, objects, drafts []uuid.UUID
 
+	// started is when the scenario's processes were started: the window of
+	// its Prometheus checks begins there.
+	started time.Time
+
 	mu         sync.Mutex
 	violations []string
 	faults     int
+	// created are the purchase ids the API answered 201 for.
+	created map[uuid.UUID]bool
+	// malformed are the keys of the records a scenario wrote to break the
+	// contract on purpose: the checker leaves out those records, and only those.
+	malformed map[string]bool
 }
 
 type tenant struct {
@@ -57,7 +66,7 @@ func suffix() string {
 func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
 	t.Helper()
 	sfx := suffix()
-	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx,
+	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx, created: map[uuid.UUID]bool{}, malformed: map[string]bool{},
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
 		replay: "pin.catalog.promotion-boost-replay.faults-" + sfx, group: "pin-catalog-promotion-boost-faults-" + sfx}
 	admin, err := sqlx.Open("postgres", s.dbBase)
@@ -92,6 +101,10 @@ func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
 	for i := range catalogs {
 		e.catalogs = append(e.catalogs, newProc(t, s, "catalog", i+1, e.catalogArgs()))
 	}
+	for _, p := range e.all() {
+		p.unexpected = func(p *proc, x exitRecord) { e.violate("%s exited: %s (log %s)", p.name, x, p.logs) }
+	}
+	e.started = time.Now()
 	// One process first: it applies the migrations and creates the topics.
 	e.promotions[0].start(t)
 	for _, p := range e.all()[1:] {
@@ -135,6 +148,20 @@ func (e *env) violate(format string, args ...any) {
 	e.violations = append(e.violations, fmt.Sprintf(format, args...))
 }
 
+// recordCreated keeps an id the API answered 201 for.
+func (e *env) recordCreated(id uuid.UUID) {
+	e.mu.Lock()
+	e.created[id] = true
+	e.mu.Unlock()
+}
+
+// markMalformed keeps the key of a record written to break the contract.
+func (e *env) markMalformed(key string) {
+	e.mu.Lock()
+	e.malformed[key] = true
+	e.mu.Unlock()
+}
+
 func (e *env) fault() {
 	e.mu.Lock()
 	e.faults++
@@ -173,8 +200,7 @@ func (e *env) put(path string, body any) {
 	}
 }
 
-// waitReady waits until every process that runs answers /readyz with 200 and
-// Prometheus sees them up.
+// waitReady waits until every process that runs answers /readyz with 200.
 func (e *env) waitReady(timeout time.Duration) bool {
 	_, ok := eventually(e.ctx, timeout, func() bool {
 		for _, p := range e.all() {

@@ -5,7 +5,9 @@
 // stack of their own, so restarts never disturb other tests), drives traffic,
 // injects one fault per scenario, waits for quiescence and checks the
 // system's invariants from outside, while a real Prometheus scrapes the
-// processes and evaluates the project's alert rules.
+// processes and evaluates the project's alert rules. The checks of the topic
+// and the cards are the checker of checker_test.go (no build tag), which
+// TestChecker_DetectsEachViolation shows can fail.
 package faults
 
 import (
@@ -19,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 var (
@@ -67,6 +71,9 @@ func newSuite(t *testing.T) *suite {
 	s.prom = startPrometheus(t, s)
 	return s
 }
+
+// cluster is the fault stack's Kafka, as the suite's own clients reach it.
+func (s *suite) cluster() kafkakit.Cluster { return kafkakit.Cluster{Brokers: []string{s.brokers}} }
 
 // stack runs scripts/stack.sh of the fault stack (its environment is inherited).
 func (s *suite) stack(t *testing.T, args ...string) {

@@ -3,74 +3,84 @@
 package faults
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	mrand "math/rand/v2"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/google/uuid"
-
-	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
-// cancelsRaceExpirer: many purchases end at one instant and each gets a
-// manager's cancel right then; one side wins each race, with one terminal
-// transition and one terminal event.
+// cancelsRaceExpirer: a burst of purchases ends at one instant (half as
+// many more end in hours) and each gets a manager's cancel, spread over
+// 2.4 s from 200 ms before that instant (the expirer runs every 2 s and
+// wakes at the earliest EndsAt). Each race has one winner, as the API said:
+// a cancel answered 200 left its purchase Cancelled, one answered 409 left
+// it Expired, and no other answer comes; both sides win some; the checker
+// finds each purchase with exactly one terminal event.
 func cancelsRaceExpirer(t *testing.T, e *env) int {
 	ids, endsAt := e.burst(size(300, 1000), 100)
 	time.Sleep(time.Until(endsAt.Add(-200 * time.Millisecond)))
-	tr := &traffic{e: e, client: &http.Client{Timeout: 30 * time.Second}}
-	var ok, conflict atomic.Int64
+	tr := e.newTraffic(30 * time.Second)
+	var mu sync.Mutex
+	answers := map[int]map[string]string{}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for id, token := range ids {
 		wg.Go(func() {
 			<-start
-			// Spread over the expirer's next cycle, so that both sides win some.
-			time.Sleep(mrand.N(2400 * time.Millisecond))
-			switch status, _ := tr.call(e.ctx, http.MethodPost, "/promotions/"+id+"/cancel", token, nil); status {
-			case http.StatusOK:
-				ok.Add(1)
-			case http.StatusConflict:
-				conflict.Add(1)
-			default:
-				e.violate("cancel %s: %d", id, status)
+			time.Sleep(mrand.N(2400 * time.Millisecond)) // spread over the expirer's next cycle
+			status, _ := tr.call(e.ctx, http.MethodPost, "/promotions/"+id+"/cancel", token, nil)
+			mu.Lock()
+			if answers[status] == nil {
+				answers[status] = map[string]string{}
 			}
+			answers[status][id] = token
+			mu.Unlock()
 		})
 	}
 	close(start)
 	wg.Wait()
 	e.fault()
 	e.waitExpired(time.Minute)
-	var cancelled int64
-	must(t, e.db.Get(&cancelled, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Cancelled'`))
-	if cancelled != ok.Load() {
-		e.violate("%d cancels answered 200, %d purchases are Cancelled", ok.Load(), cancelled)
+	won, lost := answers[http.StatusOK], answers[http.StatusConflict]
+	for status, got := range answers {
+		if status != http.StatusOK && status != http.StatusConflict {
+			e.violate("%d cancels answered %d", len(got), status)
+		}
 	}
-	t.Logf("%d cancels won, %d lost to the expirer", ok.Load(), conflict.Load())
+	e.wantStatus(won, "Cancelled", len(won))
+	e.wantStatus(lost, "Expired", len(lost))
+	if len(won) == 0 || len(lost) == 0 {
+		e.violate("one side won every race: %d cancels won, %d lost to the expirer", len(won), len(lost))
+	}
+	t.Logf("%d cancels won, %d lost to the expirer", len(won), len(lost))
 	return 2 * len(ids)
 }
 
-// rebuildUnderLoad: a projection rebuild started on one catalog process while
-// traffic goes on; the other process reports its progress, and the cards end
-// equal to the promotion truth.
+// rebuildUnderLoad: a projection rebuild is started on one catalog process
+// (202) while traffic creates purchases before, during and after it; the
+// other catalog process reports it done within 2 minutes; at quiescence the
+// cards equal the promotion truth (the checker).
 func rebuildUnderLoad(t *testing.T, e *env) int {
 	tr := e.drive(100, 0.2)
-	time.Sleep(3 * time.Second)
+	tr.waitCreated(200, 30*time.Second, "before the rebuild")
 	if code := e.adminCall("POST", e.catalogs[0], "/admin/projections/rebuild", nil); code != http.StatusAccepted {
 		e.violate("rebuild answered %d", code)
 	}
 	e.fault()
+	during := tr.created.Load()
 	var state string
 	if _, ok := eventually(e.ctx, 2*time.Minute, func() bool {
 		var st map[string]any
@@ -80,9 +90,12 @@ func rebuildUnderLoad(t *testing.T, e *env) int {
 	}); !ok || state != "done" {
 		e.violate("rebuild state %q, want done", state)
 	}
-	time.Sleep(2 * time.Second)
+	if during = tr.created.Load() - during; during == 0 {
+		e.violate("no purchase was created while the rebuild ran")
+	}
+	tr.waitCreated(100, 30*time.Second, "after the rebuild")
 	tr.halt()
-	t.Logf("traffic: %s", tr)
+	t.Logf("traffic: %s; %d purchases created while the rebuild ran", tr, during)
 	return int(tr.created.Load())*2 + int(tr.cancels.Load())
 }
 
@@ -91,6 +104,7 @@ func (e *env) adminCall(method string, p *proc, path string, into any) int {
 	req.Header.Set("Authorization", "Bearer "+e.admin)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
+		e.violate("%s %s on %s: %v", method, path, p.name, err)
 		return 0
 	}
 	defer resp.Body.Close()
@@ -100,97 +114,135 @@ func (e *env) adminCall(method string, p *proc, path string, into any) int {
 	return resp.StatusCode
 }
 
-// cardBoosts is every card's boost.
-func (e *env) cardBoosts(t *testing.T) map[uuid.UUID]int {
-	var rows []struct {
-		ID    uuid.UUID `db:"id"`
-		Boost int       `db:"promotion_boost"`
-	}
-	must(t, e.db.Select(&rows, `SELECT id, promotion_boost FROM catalog.project_cards
-		UNION ALL SELECT id, promotion_boost FROM catalog.property_object_cards`))
-	out := map[uuid.UUID]int{}
-	for _, r := range rows {
-		out[r.ID] = r.Boost
-	}
-	return out
-}
-
-// metric sums the samples of a metric family a process exposes.
-func metric(p *proc, name string) float64 {
-	resp, err := http.Get("http://" + p.addr + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
-			f, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			sum += f
-		}
-	}
-	return sum
-}
-
-// malformedRecords: random and malformed records on the purchase topic. Each
-// is dead-lettered or a counted no-op; nothing crashes and no card changes.
+// malformedRecords: traffic runs, stops, and every purchase that ends within
+// seconds ends, so that nothing else reaches the consumer. Then random and
+// malformed records go onto the purchase topic, the contract-breaking ones
+// naming seeded cards with weights that would change them if applied. Each
+// contract-breaking record is dead-lettered once (its key once in the DLQ,
+// no other key there, catalog_promotion_dlq_total up by exactly their
+// number); each valid Post-only one is a counted no-op
+// (catalog_promotion_consumed_total{outcome="post_only"} up by exactly
+// their number); CatalogPromotionDeadLetters fires, then resolves; no card's
+// boost changes. Their keys, marked as sent, are the only records the
+// checker leaves out.
 func malformedRecords(t *testing.T, e *env) int {
 	tr := e.drive(100, 0.2)
-	time.Sleep(2 * time.Second)
+	tr.waitCreated(200, 30*time.Second, "before the bad records")
 	tr.halt()
-	e.quiesce(time.Minute)
-	before := e.cardBoosts(t)
-	cat := e.catalogs[0]
-	handled := func() float64 {
-		return metric(cat, "catalog_promotion_dlq_total") + metric(cat, "catalog_promotion_consumed_total")
+	var soon int
+	if _, ok := eventually(e.ctx, time.Minute, func() bool {
+		return e.db.Get(&soon, `SELECT count(*) FROM promotion.promotion_purchases
+			WHERE status = 'Active' AND ends_at < now() + interval '1 hour'`) == nil && soon == 0
+	}); !ok {
+		e.violate("%d purchases that end within the hour are still Active", soon)
 	}
-	base := handled()
+	e.quiesce(time.Minute)
+	boosts := func() map[uuid.UUID]int {
+		cards, err := readCards(e.ctx, e.db)
+		must(t, err)
+		out := map[uuid.UUID]int{}
+		for _, c := range cards {
+			out[c.ID] = c.Have
+		}
+		return out
+	}
+	before := boosts()
+	cat := e.catalogs[0]
+	const postOnly = `catalog_promotion_consumed_total{outcome="post_only"}`
+	dlq0, err1 := metric(cat, "catalog_promotion_dlq_total")
+	post0, err2 := metric(cat, postOnly)
+	must(t, errors.Join(err1, err2))
 
 	n := size(1000, 10000)
-	producer, err := sarama.NewSyncProducer([]string{e.s.brokers}, kafkakit.Cluster{Brokers: []string{e.s.brokers}}.DurableProducerConfig("faults"))
+	producer, err := sarama.NewSyncProducer([]string{e.s.brokers}, e.s.cluster().DurableProducerConfig("faults"))
 	must(t, err)
 	defer producer.Close()
+	bad := map[string]bool{}
+	posts := 0
 	var batch []*sarama.ProducerMessage
 	for i := range n {
-		batch = append(batch, randomRecord(e.topic, i))
+		msg, valid := e.randomRecord(i)
+		key := string(msg.Key.(sarama.StringEncoder))
+		e.markMalformed(key)
+		if valid {
+			posts++
+		} else {
+			bad[key] = true
+		}
+		batch = append(batch, msg)
 		if len(batch) == 500 || i == n-1 {
 			must(t, producer.SendMessages(batch))
 			batch = batch[:0]
 		}
 	}
 	e.fault()
-	if _, ok := eventually(e.ctx, 3*time.Minute, func() bool { return handled()-base >= float64(n) }); !ok {
-		e.violate("%v of %d bad records were dead-lettered or counted", handled()-base, n)
+
+	var dead map[string]int
+	var dlq, post float64
+	if _, ok := eventually(e.ctx, 3*time.Minute, func() bool {
+		var recs []topicRecord
+		if _, recs, err = readTopic(e.ctx, e.s.cluster(), e.dlq); err != nil {
+			return false
+		}
+		dead = map[string]int{}
+		for _, r := range recs {
+			dead[r.Key]++
+		}
+		if post, err = metric(cat, postOnly); err != nil {
+			return false
+		}
+		return len(dead) >= len(bad) && post-post0 >= float64(posts)
+	}); !ok {
+		e.violate("%d of %d contract-breaking records in the DLQ, %v of %d Post-only ones counted (%v)",
+			len(dead), len(bad), post-post0, posts, err)
+	}
+	for key, times := range dead {
+		switch {
+		case !bad[key]:
+			e.violate("DLQ record with key %s, which is not one of the bad records sent", key)
+		case times != 1:
+			e.violate("bad record %s dead-lettered %d times", key, times)
+		}
+	}
+	for key := range bad {
+		if dead[key] == 0 {
+			e.violate("bad record %s is not in the DLQ", key)
+		}
+	}
+	if dlq, err = metric(cat, "catalog_promotion_dlq_total"); err != nil || dlq-dlq0 != float64(len(bad)) {
+		e.violate("catalog_promotion_dlq_total rose by %v, want %d (%v)", dlq-dlq0, len(bad), err)
+	}
+	if post-post0 != float64(posts) {
+		e.violate("%s rose by %v, want %d", postOnly, post-post0, posts)
 	}
 	e.expectAlert("CatalogPromotionDeadLetters", true, 30*time.Second)
-	if after := e.cardBoosts(t); !equalBoosts(before, after) {
+	if after := boosts(); !maps.Equal(before, after) {
 		e.violate("bad records changed card boosts")
 	}
 	e.expectAlert("CatalogPromotionDeadLetters", false, 90*time.Second)
-	t.Logf("traffic: %s; %d bad records, DLQ %v", tr, n, metric(cat, "catalog_promotion_dlq_total"))
+	t.Logf("traffic: %s; %d bad records, %d Post-only ones", tr, len(bad), posts)
 	return n
 }
 
-func equalBoosts(a, b map[uuid.UUID]int) bool {
-	if len(a) != len(b) {
-		return false
+// randomRecord is the i-th record for the purchase topic: random bytes,
+// random JSON, an event that breaks the contract in one way while naming
+// seeded cards with a weight (a Status out of the enum, a weight over 100,
+// Version 0, an unknown target kind, no PurchaseId), or a valid Post-only
+// event (valid true), with or without headers. Each has a key of its own.
+func (e *env) randomRecord(i int) (*sarama.ProducerMessage, bool) {
+	pid, tenant := uuid.NewString(), uuid.NewString()
+	project, object := e.projects[i%len(e.projects)], e.objects[i%len(e.objects)]
+	msg := &sarama.ProducerMessage{Topic: e.topic, Key: sarama.StringEncoder(pid)}
+	event := func(status string, weight, version int, purchase string, targets string) sarama.Encoder {
+		return sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"TenantId":%q,"PackageKind":"Top","BoostWeight":%d,
+			"Status":%q,"PaymentStatus":"NotRequired","StartsAt":"2025-01-01T00:00:00Z","EndsAt":"2999-01-01T00:00:00Z",
+			"Version":%d,"Targets":[%s]}`, purchase, tenant, weight, status, version, targets))
 	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
+	target := func(kind string, id uuid.UUID) string {
+		return fmt.Sprintf(`{"TargetKind":%q,"TargetId":%q}`, kind, id)
 	}
-	return true
-}
-
-// randomRecord is one of: random bytes, random JSON, an event that breaks the
-// contract, or a valid Post-only event (a no-op); with or without headers.
-func randomRecord(topic string, i int) *sarama.ProducerMessage {
-	msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(uuid.NewString())}
-	pid := uuid.NewString()
-	switch i % 5 {
+	valid := false
+	switch i % 8 {
 	case 0:
 		b := make([]byte, mrand.IntN(200))
 		_, _ = rand.Read(b)
@@ -198,28 +250,38 @@ func randomRecord(topic string, i int) *sarama.ProducerMessage {
 	case 1:
 		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"x%d":[%d,{"PurchaseId":%q}],"Version":"seven"}`, i, i, pid))
 	case 2:
-		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"Version":%d,"BoostWeight":%d,"Status":"Frozen","Targets":[]}`,
-			pid, -i, 100+i))
+		msg.Value = event("Frozen", 50, 1, pid, target("Project", project)+","+target("PropertyObject", object))
 	case 3:
-		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"TenantId":%q,"PackageKind":"Top","BoostWeight":5,
-			"Status":"Active","Version":1,"Targets":[{"TargetKind":"Post","TargetId":%q}]}`, pid, uuid.NewString(), uuid.NewString()))
+		msg.Value, valid = event("Active", 5, 1, pid, target("Post", uuid.New())), true
 	case 4:
-		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"Version":1,"BoostWeight":0,"Status":"Active",
-			"Targets":[{"TargetKind":"Project","TargetId":"00000000-0000-0000-0000-000000000000"}]}`, pid))
+		msg.Value = event("Active", 101, 1, pid, target("PropertyObject", object))
+	case 5:
+		msg.Value = event("Active", 30, 0, pid, target("Project", project))
+	case 6:
+		msg.Value = event("Active", 20, 1, pid, target("Project", project)+","+target("Shop", object))
+	case 7:
+		msg.Value = event("Active", 40, 1, uuid.Nil.String(), target("PropertyObject", object))
 	}
-	if i%2 == 0 || i%5 == 3 {
-		msg.Headers = []sarama.RecordHeader{{Key: []byte("_watermill_message_uuid"), Value: []byte(uuid.NewString())},
+	if i%2 == 0 || valid {
+		// A valid record needs a MessageId of its own: the consumer's dedup key.
+		msg.Headers = []sarama.RecordHeader{{Key: []byte(kafka.UUIDHeaderKey), Value: []byte(uuid.NewString())},
 			{Key: []byte("contract_version"), Value: []byte(strconv.Itoa(i % 3))}}
 	}
-	return msg
+	return msg, valid
 }
 
-// malformedRequests: bad HTTP requests of every kind to both APIs. Each gets
-// a 4xx JSON error and no row is written.
+// malformedRequests: 30 purchases that end in hours are created (so cards
+// carry a boost) and consumed; then bad HTTP requests of every kind go to
+// both APIs. Each gets a 4xx JSON error with a code, and nothing is
+// written: purchases, idempotency keys, outbox rows (the outbox's sequence,
+// since the janitor deletes relayed rows), cards and contributions keep
+// their counts.
 func malformedRequests(t *testing.T, e *env) int {
+	e.createMany(30, 4, func(int) time.Time { return farEndsAt() })
+	e.quiesce(time.Minute)
 	rows := func() (n int64) {
 		must(t, e.db.Get(&n, `SELECT (SELECT count(*) FROM promotion.promotion_purchases) + (SELECT count(*) FROM promotion.idempotency_keys)
-			+ (SELECT count(*) FROM promotion.outbox_messages) + (SELECT count(*) FROM catalog.project_cards)
+			+ (SELECT last_value FROM promotion.outbox_messages_offset_seq) + (SELECT count(*) FROM catalog.project_cards)
 			+ (SELECT count(*) FROM catalog.property_object_cards) + (SELECT count(*) FROM catalog.promotion_contributions)`))
 		return n
 	}

@@ -6,111 +6,51 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"math"
 	"os/exec"
 	"sort"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/google/uuid"
 
-	"github.com/promoflow/promoflow/handlers/event"
-	"github.com/promoflow/promoflow/router/bounded"
-	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/handlers/outbox"
 )
 
-// record is one purchase event as it lies on the topic.
-type record struct {
-	id      string // MessageId
-	version int64
-	status  event.Status
-}
-
-// topicEvents reads the purchase topic up to its end now, per purchase in
-// partition order (a purchase's events share its key, hence a partition).
-func (e *env) topicEvents() (map[uuid.UUID][]record, int, error) {
-	client, err := bounded.Dial(kafkakit.Cluster{Brokers: []string{e.s.brokers}}, "promoflow-faults")
-	if err != nil {
-		return nil, 0, err
-	}
-	defer client.Close()
-	parts, err := client.Partitions(e.topic)
-	if err != nil {
-		return nil, 0, err
-	}
-	ranges := make([]bounded.Range, len(parts))
-	for i, p := range parts {
-		ranges[i] = p.Whole()
-	}
-	out := map[uuid.UUID][]record{}
-	total := 0
-	var mu = make(chan struct{}, 1)
-	err = client.Read(e.ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
-		mu <- struct{}{}
-		defer func() { <-mu }()
-		total++
-		ev, err := event.Parse(rec.Value)
-		if err != nil {
-			return nil // scenario 9's records
-		}
-		var id string
-		for _, h := range rec.Headers {
-			if string(h.Key) == "_watermill_message_uuid" {
-				id = string(h.Value)
-			}
-		}
-		out[ev.PurchaseId] = append(out[ev.PurchaseId], record{id: id, version: ev.Version, status: ev.Status})
-		return nil
-	}, nil)
-	return out, total, err
-}
-
-// checkEvents: every purchase's last event equals its row, versions rise per
-// purchase, and there is at most one terminal event (a redelivered record,
-// same MessageId, is the same event).
+// checkEvents runs the checker (checker_test.go) over the scenario's topic,
+// its purchase table, the ids its API answered 201 for and the keys of its
+// malformed records.
 func (e *env) checkEvents() []string {
-	var bad []string
-	events, _, err := e.topicEvents()
+	removed, records, err := readTopic(e.ctx, e.s.cluster(), e.topic)
 	if err != nil {
-		return []string{"read topic: " + err.Error()}
+		return []string{err.Error()}
 	}
-	var rows []struct {
-		ID      uuid.UUID    `db:"id"`
-		Status  event.Status `db:"status"`
-		Version int64        `db:"version"`
+	rows, err := readPurchases(e.ctx, e.db)
+	if err != nil {
+		return []string{err.Error()}
 	}
-	if err := e.db.Select(&rows, `SELECT id, status, version FROM promotion.promotion_purchases`); err != nil {
-		return []string{"read purchases: " + err.Error()}
+	e.mu.Lock()
+	ev := evidence{removed: removed, records: records, rows: rows, created: maps.Clone(e.created), malformed: maps.Clone(e.malformed)}
+	e.mu.Unlock()
+	return texts(ev.violations())
+}
+
+// checkCards compares every card with the promotion truth, and wants many
+// of them to carry a non-zero one.
+func (e *env) checkCards() []string {
+	cards, err := readCards(e.ctx, e.db)
+	if err != nil {
+		return []string{err.Error()}
 	}
-	for _, row := range rows {
-		recs := events[row.ID]
-		if len(recs) == 0 {
-			bad = append(bad, fmt.Sprintf("purchase %s (%s v%d) has no event on the topic", row.ID, row.Status, row.Version))
-			continue
-		}
-		seen := map[string]bool{}
-		var last record
-		terminal := 0
-		for _, r := range recs {
-			if seen[r.id] {
-				continue
-			}
-			seen[r.id] = true
-			if r.version <= last.version {
-				bad = append(bad, fmt.Sprintf("purchase %s: version %d after %d", row.ID, r.version, last.version))
-			}
-			if r.status.Terminal() {
-				terminal++
-			}
-			last = r
-		}
-		if terminal > 1 {
-			bad = append(bad, fmt.Sprintf("purchase %s: %d terminal events", row.ID, terminal))
-		}
-		if last.version != row.Version || last.status != row.Status {
-			bad = append(bad, fmt.Sprintf("purchase %s: last event %s v%d, row %s v%d", row.ID, last.status, last.version, row.Status, row.Version))
-		}
+	return texts(checkCards(cards))
+}
+
+func texts(vs []violation) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = v.String()
 	}
-	return bad
+	return out
 }
 
 // checkAudit runs `promoflow audit --replica` and wants no drift and nothing pending.
@@ -134,42 +74,6 @@ func (e *env) checkAudit() []string {
 	return bad
 }
 
-// truthSQL lists the cards whose boost is not what promotion's own table
-// says: the sum of the weights of the Active purchases that target them (a
-// published object gets its project's too).
-const truthSQL = `WITH active AS (
-	SELECT p.boost_weight AS w, t->>'TargetKind' AS kind, (t->>'TargetId')::uuid AS id
-	FROM promotion.promotion_purchases p, jsonb_array_elements(p.targets) t WHERE p.status = 'Active'
-), sums AS (SELECT kind, id, sum(w)::int AS s FROM active GROUP BY kind, id)
-SELECT 'Project' AS kind, c.id, c.promotion_boost AS have, coalesce(s.s, 0) AS want
-FROM catalog.project_cards c LEFT JOIN sums s ON s.kind = 'Project' AND s.id = c.id
-WHERE c.promotion_boost <> coalesce(s.s, 0)
-UNION ALL
-SELECT 'PropertyObject', o.id, o.promotion_boost,
-	coalesce(own.s, 0) + CASE WHEN o.published THEN coalesce(pr.s, 0) ELSE 0 END
-FROM catalog.property_object_cards o
-LEFT JOIN sums own ON own.kind = 'PropertyObject' AND own.id = o.id
-LEFT JOIN sums pr ON pr.kind = 'Project' AND pr.id = o.project_id
-WHERE o.promotion_boost <> coalesce(own.s, 0) + CASE WHEN o.published THEN coalesce(pr.s, 0) ELSE 0 END`
-
-// checkCards compares every card with the promotion truth.
-func (e *env) checkCards() []string {
-	var rows []struct {
-		Kind string    `db:"kind"`
-		ID   uuid.UUID `db:"id"`
-		Have int       `db:"have"`
-		Want int       `db:"want"`
-	}
-	if err := e.db.Select(&rows, truthSQL); err != nil {
-		return []string{"recompute cards: " + err.Error()}
-	}
-	var bad []string
-	for _, r := range rows {
-		bad = append(bad, fmt.Sprintf("%s card %s: boost %d, promotion truth %d", r.Kind, r.ID, r.Have, r.Want))
-	}
-	return bad
-}
-
 // checkAlive wants every process that should run to run.
 func (e *env) checkAlive() []string {
 	var bad []string
@@ -181,34 +85,150 @@ func (e *env) checkAlive() []string {
 	return bad
 }
 
-// quiesce waits until nothing is left to expire, relay or consume and every
-// invariant holds, and returns how long that took. Violations still present
-// at the timeout are recorded.
+// idle says what work is left: due purchases still Active, outbox events
+// not relayed, records the consumer group has not committed.
+func (e *env) idle() (string, bool) {
+	var due int
+	if err := e.db.Get(&due, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active' AND ends_at <= now()`); err != nil {
+		return "due purchases: " + err.Error(), false
+	}
+	if due > 0 {
+		return fmt.Sprintf("%d due purchases still Active", due), false
+	}
+	stats, err := outbox.ReadStats(e.ctx, e.db)
+	if err != nil {
+		return err.Error(), false
+	}
+	if stats.Backlog > 0 {
+		return fmt.Sprintf("%d outbox events not relayed", stats.Backlog), false
+	}
+	lag, err := e.consumerLag()
+	if err != nil {
+		return err.Error(), false
+	}
+	if lag > 0 {
+		return fmt.Sprintf("consumer group %s: %d records not committed", e.group, lag), false
+	}
+	return "", true
+}
+
+// consumerLag is how many records of the topic the consumer group has not
+// committed.
+func (e *env) consumerLag() (int64, error) {
+	client, err := sarama.NewClient([]string{e.s.brokers}, e.s.cluster().ClientConfig("promoflow-faults"))
+	if err != nil {
+		return 0, fmt.Errorf("consumer lag: %w", err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return 0, fmt.Errorf("consumer lag: %w", err)
+	}
+	parts, err := client.Partitions(e.topic)
+	if err != nil {
+		return 0, fmt.Errorf("consumer lag: %w", err)
+	}
+	committed, err := admin.ListConsumerGroupOffsets(e.group, map[string][]int32{e.topic: parts})
+	if err != nil {
+		return 0, fmt.Errorf("consumer lag: %w", err)
+	}
+	var lag int64
+	for _, p := range parts {
+		end, err := client.GetOffset(e.topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return 0, fmt.Errorf("consumer lag: %w", err)
+		}
+		at := int64(0)
+		if b := committed.GetBlock(e.topic, p); b != nil && b.Offset >= 0 {
+			at = b.Offset
+		}
+		lag += end - at
+	}
+	return lag, nil
+}
+
+// quiesce waits until nothing is left to expire, relay or consume (up to
+// timeout), then until every invariant holds (up to 30s more), and returns
+// how long that took. Violations still present then are recorded, up to 10
+// of each check.
 func (e *env) quiesce(timeout time.Duration) time.Duration {
-	var last []string
+	var left string
 	took, ok := eventually(e.ctx, timeout, func() bool {
-		var due int
-		_ = e.db.Get(&due, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active' AND ends_at <= now()`)
-		if due > 0 {
-			last = []string{fmt.Sprintf("%d due purchases still Active", due)}
-			return false
-		}
-		for _, check := range []func() []string{e.checkAlive, e.checkEvents, e.checkCards, e.checkAudit} {
-			if last = check(); len(last) > 0 {
-				return false
-			}
-		}
-		return true
+		var idle bool
+		left, idle = e.idle()
+		return idle
 	})
 	if !ok {
-		sort.Strings(last)
-		for i, v := range last {
-			if i == 10 {
-				e.violate("... and %d more", len(last)-10)
-				break
+		e.violate("not quiescent after %s: %s", timeout, left)
+	}
+	var last [][]string
+	more, ok := eventually(e.ctx, 30*time.Second, func() bool {
+		last = nil
+		for _, check := range []func() []string{e.checkAlive, e.checkEvents, e.checkCards, e.checkAudit} {
+			if bad := check(); len(bad) > 0 {
+				last = append(last, bad)
 			}
-			e.violate("%s", v)
+		}
+		return len(last) == 0
+	})
+	if !ok {
+		// Up to 10 of each check's.
+		for _, bad := range last {
+			sort.Strings(bad)
+			for i, v := range bad {
+				if i == 10 {
+					e.violate("... and %d more", len(bad)-10)
+					break
+				}
+				e.violate("%s", v)
+			}
 		}
 	}
-	return took
+	return took + more
+}
+
+// checkDrift asks Prometheus for the most drifted cards each catalog process
+// reported from the scenario's start until now: it must be 0. Prometheus
+// must first hold a sample of every catalog process taken after this call.
+func (e *env) checkDrift() {
+	from := time.Now()
+	for _, p := range e.catalogs {
+		series := fmt.Sprintf(`catalog_promotion_drift_cards{job="catalog",instance=%q}`, p.addr)
+		var err error
+		if _, ok := eventually(e.ctx, 30*time.Second, func() bool {
+			var at float64
+			at, err = e.s.prom.one("timestamp(" + series + ")")
+			return err == nil && at >= float64(from.Unix())
+		}); err != nil {
+			e.violate("drift of %s: %v", p.name, err)
+			continue
+		} else if !ok {
+			e.violate("drift of %s: Prometheus has no sample taken after the scenario", p.name)
+			continue
+		}
+		window := int(math.Ceil(time.Since(e.started).Seconds()))
+		drift, err := e.s.prom.one(fmt.Sprintf("max_over_time(%s[%ds])", series, window))
+		switch {
+		case err != nil:
+			e.violate("drift of %s: %v", p.name, err)
+		case drift != 0:
+			e.violate("%s reported catalog_promotion_drift_cards up to %v during the scenario", p.name, drift)
+		}
+	}
+}
+
+// finish stops every process gracefully (each must exit 0) and reads their
+// logs: a panic or a fatal error in any of them is a violation.
+func (e *env) finish() {
+	e.stopAll()
+	for _, p := range e.all() {
+		lines, err := p.crashes()
+		if err != nil {
+			e.violate("read the log of %s: %v", p.name, err)
+		}
+		for _, l := range lines {
+			e.violate("%s crashed: %s", p.name, l)
+		}
+		e.t.Logf("%s exits: %v", p.name, p.exitLog())
+	}
 }

@@ -3,11 +3,13 @@
 package faults
 
 import (
+	"bufio"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +18,12 @@ import (
 
 // proc is one promoflow process of a scenario. It keeps its address across
 // restarts, so Prometheus sees one instance that went down and came back.
+//
+// It records every exit with its status and whether the harness caused it
+// (kill, stop); an exit nobody caused is reported to unexpected. It also
+// knows when it is deliberately down: from the moment the harness kills,
+// stops or freezes it until it answers again after a start (or is thawed),
+// the only time a dropped connection to it is accepted.
 type proc struct {
 	name string // e.g. promotion-1
 	job  string // promotion or catalog
@@ -23,10 +31,36 @@ type proc struct {
 	args []string
 	bin  string
 	logs string
+	// unexpected is told of an exit the harness did not cause, or of a
+	// graceful stop that did not exit 0.
+	unexpected func(p *proc, x exitRecord)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// cause is what the harness did to end the process: "", "kill" or "stop".
+	cause string
+	// down is true while the process is deliberately down; downs counts
+	// the times it went down deliberately.
+	down  bool
+	downs int
+	exits []exitRecord
+}
+
+// exitRecord is one exit of a process.
+type exitRecord struct {
+	state string // as os.ProcessState says it: "exit status 2", "signal: killed"
+	code  int    // -1 when a signal ended the process
+	cause string // what the harness did, "" for nothing
+	at    time.Time
+}
+
+func (x exitRecord) String() string {
+	cause := x.cause
+	if cause == "" {
+		cause = "nobody asked"
+	}
+	return fmt.Sprintf("%s at %s (%s)", x.state, x.at.Format("15:04:05.000"), cause)
 }
 
 func newProc(t *testing.T, s *suite, job string, n int, args []string) *proc {
@@ -44,7 +78,8 @@ func newProc(t *testing.T, s *suite, job string, n int, args []string) *proc {
 	return p
 }
 
-// start runs the process and waits until it answers /healthz.
+// start runs the process and waits until it answers /healthz; that ends a
+// deliberate down.
 func (p *proc) start(t *testing.T) {
 	t.Helper()
 	out, err := os.OpenFile(p.logs, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -58,21 +93,39 @@ func (p *proc) start(t *testing.T) {
 		t.Fatalf("start %s: %v", p.name, err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); out.Close(); close(done) }()
 	p.mu.Lock()
-	p.cmd, p.done = cmd, done
+	p.cmd, p.done, p.cause = cmd, done, ""
 	p.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		out.Close()
+		p.exited(cmd.ProcessState)
+		close(done)
+	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		resp, err := http.Get("http://" + p.addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
+			p.mu.Lock()
+			p.down = false
+			p.mu.Unlock()
 			return
 		}
 		if !p.alive() || time.Now().After(deadline) {
 			t.Fatalf("%s did not come up (log %s)", p.name, p.logs)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *proc) exited(st *os.ProcessState) {
+	p.mu.Lock()
+	x := exitRecord{state: st.String(), code: st.ExitCode(), cause: p.cause, at: time.Now()}
+	p.exits = append(p.exits, x)
+	p.mu.Unlock()
+	if (x.cause == "" || (x.cause == "stop" && x.code != 0)) && p.unexpected != nil {
+		p.unexpected(p, x)
 	}
 }
 
@@ -90,19 +143,60 @@ func (p *proc) alive() bool {
 	}
 }
 
+// window says whether the process is deliberately down now, and how many
+// times it went down so far: a request that saw either change was sent into
+// a deliberate down.
+func (p *proc) window() (down bool, downs int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down, p.downs
+}
+
+// goDown marks the start of a deliberate down, and what will end the process.
+func (p *proc) goDown(cause string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.down {
+		p.down = true
+		p.downs++
+	}
+	if cause != "" {
+		p.cause = cause
+	}
+}
+
 // kill is kill -9.
-func (p *proc) kill() { p.signal(syscall.SIGKILL) }
+func (p *proc) kill() { p.signal("kill", syscall.SIGKILL) }
 
-// stop is a graceful stop (SIGTERM), waiting up to 60s.
-func (p *proc) stop() { p.signal(syscall.SIGTERM) }
+// stop is a graceful stop (SIGTERM), waiting up to 60s; the process must exit 0.
+func (p *proc) stop() { p.signal("stop", syscall.SIGTERM) }
 
-func (p *proc) signal(sig syscall.Signal) {
+// freeze stops the process with SIGSTOP: it holds whatever it holds (an
+// open transaction, an unacked message) and cannot commit it. A frozen
+// process is deliberately down until it is thawed or killed.
+func (p *proc) freeze() {
+	p.goDown("")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// thaw resumes a frozen process, which ends its deliberate down.
+func (p *proc) thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	p.down = false
+}
+
+func (p *proc) signal(cause string, sig syscall.Signal) {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
 	p.mu.Unlock()
 	if cmd == nil || !p.alive() {
 		return
 	}
+	p.goDown(cause)
 	_ = cmd.Process.Signal(sig)
 	select {
 	case <-done:
@@ -121,4 +215,34 @@ func (p *proc) ready() int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// crashLine matches what a Go runtime crash, or a recovered panic that a
+// process logs, writes.
+var crashLine = regexp.MustCompile(`(?i)panic|fatal error`)
+
+// crashes are the lines of the process's log (every run of it) that tell of
+// a panic or a fatal error.
+func (p *proc) crashes() ([]string, error) {
+	f, err := os.Open(p.logs)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for n := 1; sc.Scan(); n++ {
+		if crashLine.Match(sc.Bytes()) {
+			out = append(out, fmt.Sprintf("%s:%d: %.300s", p.logs, n, sc.Text()))
+		}
+	}
+	return out, sc.Err()
+}
+
+// exitLog is every exit so far.
+func (p *proc) exitLog() []exitRecord {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]exitRecord(nil), p.exits...)
 }

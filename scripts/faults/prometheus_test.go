@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,51 +105,107 @@ func (p *prometheus) scrape(t *testing.T, procs []*proc) {
 	}
 }
 
-// firing reports whether alert is firing now.
-func (p *prometheus) firing(alert string) bool {
-	resp, err := http.Get("http://" + p.addr + "/api/v1/alerts")
+// get reads a Prometheus API answer into data. Prometheus unreachable, an
+// answer other than 200, one that does not decode, or one whose status is
+// not "success" is an error: a check that cannot ask Prometheus fails.
+func (p *prometheus) get(path string, params url.Values, data any) error {
+	c := http.Client{Timeout: 10 * time.Second}
+	u := "http://" + p.addr + path
+	if params != nil {
+		u += "?" + params.Encode()
+	}
+	resp, err := c.Get(u)
 	if err != nil {
-		return false
+		return fmt.Errorf("prometheus %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	var body struct {
-		Data struct {
-			Alerts []struct {
-				Labels map[string]string `json:"labels"`
-				State  string            `json:"state"`
-			} `json:"alerts"`
-		} `json:"data"`
+		Status    string          `json:"status"`
+		Error     string          `json:"error"`
+		ErrorType string          `json:"errorType"`
+		Data      json.RawMessage `json:"data"`
 	}
-	if json.NewDecoder(resp.Body).Decode(&body) != nil {
-		return false
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return fmt.Errorf("prometheus %s: %s: %w", path, resp.Status, err)
 	}
-	for _, a := range body.Data.Alerts {
-		if a.Labels["alertname"] == alert && a.State == "firing" {
-			return true
-		}
+	if resp.StatusCode != http.StatusOK || body.Status != "success" {
+		return fmt.Errorf("prometheus %s: %s, status %q: %s %s", path, resp.Status, body.Status, body.ErrorType, body.Error)
 	}
-	return false
+	if err := json.Unmarshal(body.Data, data); err != nil {
+		return fmt.Errorf("prometheus %s: data: %w", path, err)
+	}
+	return nil
 }
 
-// up is the sum of up for job, or -1 when Prometheus has no such series.
-func (p *prometheus) up(job string) float64 {
-	resp, err := http.Get("http://" + p.addr + "/api/v1/query?query=" + "sum(up%7Bjob%3D%22" + job + "%22%7D)")
+// alertStates is the state (pending or firing) of every active alert, by name.
+func (p *prometheus) alertStates() (map[string]string, error) {
+	var data struct {
+		Alerts []struct {
+			Labels map[string]string `json:"labels"`
+			State  string            `json:"state"`
+		} `json:"alerts"`
+	}
+	if err := p.get("/api/v1/alerts", nil, &data); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, a := range data.Alerts {
+		if name := a.Labels["alertname"]; out[name] != "firing" {
+			out[name] = a.State
+		}
+	}
+	return out, nil
+}
+
+// firing reports whether alert is firing now.
+func (p *prometheus) firing(alert string) (bool, error) {
+	states, err := p.alertStates()
+	return states[alert] == "firing", err
+}
+
+// sample is one series of an instant vector.
+type sample struct {
+	labels map[string]string
+	value  float64
+}
+
+// query runs an instant query and returns its vector.
+func (p *prometheus) query(q string) ([]sample, error) {
+	var data struct {
+		ResultType string `json:"resultType"`
+		Result     []struct {
+			Metric map[string]string `json:"metric"`
+			Value  [2]any            `json:"value"`
+		} `json:"result"`
+	}
+	if err := p.get("/api/v1/query", url.Values{"query": {q}}, &data); err != nil {
+		return nil, err
+	}
+	if data.ResultType != "vector" {
+		return nil, fmt.Errorf("prometheus query %s: a %s, not a vector", q, data.ResultType)
+	}
+	out := make([]sample, len(data.Result))
+	for i, r := range data.Result {
+		s, _ := r.Value[1].(string)
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, fmt.Errorf("prometheus query %s: value %v: %w", q, r.Value[1], err)
+		}
+		out[i] = sample{labels: r.Metric, value: v}
+	}
+	return out, nil
+}
+
+// one runs an instant query that must return exactly one series.
+func (p *prometheus) one(q string) (float64, error) {
+	got, err := p.query(q)
 	if err != nil {
-		return -1
+		return 0, err
 	}
-	defer resp.Body.Close()
-	var body struct {
-		Data struct {
-			Result []struct {
-				Value [2]any `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
+	if len(got) != 1 {
+		return 0, fmt.Errorf("prometheus query %s: %d series, want 1", q, len(got))
 	}
-	if json.NewDecoder(resp.Body).Decode(&body) != nil || len(body.Data.Result) == 0 {
-		return -1
-	}
-	v, _ := strconv.ParseFloat(fmt.Sprint(body.Data.Result[0].Value[1]), 64)
-	return v
+	return got[0].value, nil
 }
 
 func must(t *testing.T, err error) {

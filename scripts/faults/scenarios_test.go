@@ -60,6 +60,8 @@ func TestFaults(t *testing.T) {
 			}
 			r.events = sc.run(t, e)
 			r.recovery = e.quiesce(3 * time.Minute)
+			e.checkDrift()
+			e.finish()
 			e.mu.Lock()
 			r.violations, r.faults = e.violations, e.faults
 			e.mu.Unlock()
@@ -88,33 +90,44 @@ func TestFaults(t *testing.T) {
 }
 
 // expectAlert waits until alert is firing (or not), and records a violation
-// when it does not get there within timeout.
+// when it does not get there within timeout, or Prometheus cannot say.
 func (e *env) expectAlert(alert string, firing bool, timeout time.Duration) {
-	if _, ok := eventually(e.ctx, timeout, func() bool { return e.s.prom.firing(alert) == firing }); !ok {
+	var err error
+	if _, ok := eventually(e.ctx, timeout, func() bool {
+		var now bool
+		now, err = e.s.prom.firing(alert)
+		return err != nil || now == firing
+	}); err != nil {
+		e.violate("alert %s: %v", alert, err)
+	} else if !ok {
 		e.violate("alert %s: want firing=%t within %s", alert, firing, timeout)
 	}
 }
 
-// createMany makes n purchases through the API, all ending at endsAt, with
-// workers requests in flight, and returns their ids with their tenants' tokens.
-func (e *env) createMany(n int, endsAt time.Time, workers int) map[string]string {
-	tr := &traffic{e: e, client: &http.Client{Timeout: 30 * time.Second}}
+// createMany makes n purchases through the API, with workers requests in
+// flight, the i-th ending at endsAt(i), and returns their ids with their
+// tenants' tokens and EndsAt.
+func (e *env) createMany(n, workers int, endsAt func(i int) time.Time) map[string]made {
+	tr := e.newTraffic(30 * time.Second)
 	var mu sync.Mutex
-	out := map[string]string{}
+	out := map[string]made{}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for int(next.Add(1)) <= n {
-				tn := e.tenants[int(next.Load())%len(e.tenants)]
+			for i := int(next.Add(1)); i <= n; i = int(next.Add(1)) {
+				tn := e.tenants[i%len(e.tenants)]
+				ends := endsAt(i)
 				body := map[string]any{"PackageKind": "Top", "BoostWeight": 5, "Targets": e.randomTargets(),
-					"EndsAt": endsAt.UTC().Format(time.RFC3339Nano)}
+					"EndsAt": ends.UTC().Format(time.RFC3339Nano)}
 				status, resp := tr.call(e.ctx, http.MethodPost, "/promotions", tn.token, body)
-				if status == http.StatusCreated {
-					mu.Lock()
-					out[resp["Id"].(string)] = tn.token
-					mu.Unlock()
+				if status != http.StatusCreated {
+					e.violate("create %d of %d: %d", i, n, status)
+					continue
 				}
+				mu.Lock()
+				out[resp["Id"].(string)] = made{token: tn.token, endsAt: ends}
+				mu.Unlock()
 			}
 		})
 	}
@@ -122,9 +135,30 @@ func (e *env) createMany(n int, endsAt time.Time, workers int) map[string]string
 	return out
 }
 
+// made is a purchase the API answered 201 for.
+type made struct {
+	token  string
+	endsAt time.Time
+}
+
 // burst makes n purchases through the API that all end at one instant, a few
-// seconds after the last of them is created (at about perSecond a second).
+// seconds after the last of them is created (at about perSecond a second),
+// and n/2 more, created among them, that end hours later. It returns the
+// first n with their tenants' tokens, and the instant.
 func (e *env) burst(n, perSecond int) (map[string]string, time.Time) {
-	endsAt := time.Now().Add(time.Duration(n/perSecond+5) * time.Second)
-	return e.createMany(n, endsAt, 16), endsAt
+	far := n / 2
+	endsAt := time.Now().Add(time.Duration((n+far)/perSecond+5) * time.Second)
+	all := e.createMany(n+far, 16, func(i int) time.Time {
+		if i%3 == 0 {
+			return farEndsAt()
+		}
+		return endsAt
+	})
+	due := map[string]string{}
+	for id, m := range all {
+		if m.endsAt.Equal(endsAt) {
+			due[id] = m.token
+		}
+	}
+	return due, endsAt
 }

@@ -6,11 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -19,25 +16,42 @@ import (
 	"github.com/google/uuid"
 )
 
+// farShare is the share of purchases that end hours after the scenario: at
+// quiescence they are Active, so cards carry a non-zero true boost and a
+// lost Active event shows on them.
+const farShare = 3 // one purchase in farShare
+
+// farEndsAt is an EndsAt hours away.
+func farEndsAt() time.Time { return time.Now().Add(2*time.Hour + rand.N(time.Hour)) }
+
 // traffic drives the purchase API like tenant managers would: purchases of
-// one to three targets (projects, objects, unpublished objects, posts) that
-// end within seconds, a share of them cancelled, some racing their expiry.
+// one to three targets (projects, objects, unpublished objects, posts), one
+// in farShare ending in hours and the others within seconds, a share of them
+// cancelled, some racing their expiry.
 type traffic struct {
 	e       *env
 	client  *http.Client
 	created atomic.Int64
-	// unavailable counts 503s (each carried Retry-After and a JSON error)
-	// and refused connections (a killed process).
+	n       atomic.Int64
+	// unavailable counts 503s, each with Retry-After and a JSON error.
 	unavailable atomic.Int64
-	cancels     atomic.Int64
-	stop        context.CancelFunc
-	wg          sync.WaitGroup
+	// dropped counts requests whose connection failed while their process
+	// was deliberately down (and that went to the next process).
+	dropped atomic.Int64
+	cancels atomic.Int64
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func (e *env) newTraffic(timeout time.Duration) *traffic {
+	return &traffic{e: e, client: &http.Client{Timeout: timeout}, stop: func() {}}
 }
 
 // drive starts traffic at about rate purchases per second until stopped.
 func (e *env) drive(rate int, cancelShare float64) *traffic {
 	ctx, cancel := context.WithCancel(e.ctx)
-	tr := &traffic{e: e, client: &http.Client{Timeout: 10 * time.Second}, stop: cancel}
+	tr := e.newTraffic(10 * time.Second)
+	tr.stop = cancel
 	every := time.Second / time.Duration(rate)
 	tr.wg.Go(func() {
 		tick := time.NewTicker(every)
@@ -63,13 +77,16 @@ func (tr *traffic) halt() {
 func (tr *traffic) purchase(ctx context.Context, cancelShare float64) {
 	e := tr.e
 	tn := e.tenants[rand.IntN(len(e.tenants))]
+	endsAt := time.Now().Add(time.Second + rand.N(5*time.Second))
+	if tr.n.Add(1)%farShare == 0 {
+		endsAt = farEndsAt()
+	}
 	body := map[string]any{"PackageKind": "Top", "BoostWeight": 1 + rand.IntN(100), "Targets": e.randomTargets(),
-		"EndsAt": time.Now().Add(time.Second + rand.N(5*time.Second)).UTC().Format(time.RFC3339Nano)}
+		"EndsAt": endsAt.UTC().Format(time.RFC3339Nano)}
 	status, resp := tr.call(ctx, http.MethodPost, "/promotions", tn.token, body)
 	if status != http.StatusCreated {
 		return
 	}
-	tr.created.Add(1)
 	if rand.Float64() >= cancelShare {
 		return
 	}
@@ -106,9 +123,11 @@ func (e *env) randomTargets() []map[string]string {
 	return out
 }
 
-// call sends a request to a promotion process that runs (trying the next one
-// when a connection is refused) and checks the answer's form: never a 5xx
-// other than a 503 with Retry-After, and every error as JSON.
+// call sends a request to a promotion process that runs and checks the
+// answer's form: never a 5xx other than a 503 with Retry-After, and every
+// error as JSON. A failed connection (refused, reset, EOF, timeout) is
+// accepted only when its process was deliberately down while the request
+// ran; the request then goes to the next process.
 func (tr *traffic) call(ctx context.Context, method, path, token string, body any) (int, map[string]any) {
 	e := tr.e
 	var raw []byte
@@ -120,19 +139,19 @@ func (tr *traffic) call(ctx context.Context, method, path, token string, body an
 		p := e.promotions[(start+i)%len(e.promotions)]
 		req, _ := http.NewRequestWithContext(ctx, method, "http://"+p.addr+path, bytes.NewReader(raw))
 		req.Header.Set("Authorization", "Bearer "+token)
+		down0, downs0 := p.window()
 		resp, err := tr.client.Do(req)
-		var opErr *net.OpError
-		if errors.As(err, &opErr) || errors.Is(err, io.EOF) {
-			tr.unavailable.Add(1) // a killed or restarting process
-			continue
+		if err == nil {
+			return tr.check(method, path, resp)
 		}
-		if err != nil {
-			if ctx.Err() == nil {
-				e.violate("%s %s: %v", method, path, err)
-			}
+		if ctx.Err() != nil {
 			return 0, nil
 		}
-		return tr.check(method, path, resp)
+		if down1, downs1 := p.window(); !down0 && !down1 && downs0 == downs1 {
+			e.violate("%s %s to %s, which was not deliberately down: %v", method, path, p.name, err)
+			return 0, nil
+		}
+		tr.dropped.Add(1)
 	}
 	return 0, nil
 }
@@ -146,6 +165,7 @@ func (tr *traffic) check(method, path string, resp *http.Response) (int, map[str
 			tr.e.violate("%s %s: %d without a JSON error", method, path, resp.StatusCode)
 		}
 	}
+	isCreate := method == http.MethodPost && path == "/promotions"
 	switch {
 	case resp.StatusCode == http.StatusServiceUnavailable:
 		tr.unavailable.Add(1)
@@ -154,12 +174,21 @@ func (tr *traffic) check(method, path string, resp *http.Response) (int, map[str
 		}
 	case resp.StatusCode >= 500:
 		tr.e.violate("%s %s: %d %v", method, path, resp.StatusCode, out)
-	case method == http.MethodPost && path == "/promotions" && resp.StatusCode != http.StatusCreated:
+	case isCreate && resp.StatusCode == http.StatusCreated:
+		id, err := uuid.Parse(fmt.Sprint(out["Id"]))
+		if err != nil {
+			tr.e.violate("create: 201 without a purchase id: %v", out)
+			break
+		}
+		tr.e.recordCreated(id)
+		tr.created.Add(1)
+	case isCreate:
 		tr.e.violate("create: %d %v", resp.StatusCode, out)
 	}
 	return resp.StatusCode, out
 }
 
 func (tr *traffic) String() string {
-	return fmt.Sprintf("created %d, cancelled %d, unavailable answers %d", tr.created.Load(), tr.cancels.Load(), tr.unavailable.Load())
+	return fmt.Sprintf("created %d, cancelled %d, 503 answers %d, requests dropped by a process deliberately down %d",
+		tr.created.Load(), tr.cancels.Load(), tr.unavailable.Load(), tr.dropped.Load())
 }
