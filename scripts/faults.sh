@@ -38,6 +38,8 @@ export PROMOFLOW_STACK_DIR=${PROMOFLOW_FAULTS_STACK_DIR:-$HOME/.cache/promoflow/
 export PROMOFLOW_PG_PORT=${PROMOFLOW_FAULTS_PG_PORT:-25442}
 export PROMOFLOW_KAFKA_PORT=${PROMOFLOW_FAULTS_KAFKA_PORT:-29102}
 export PROMOFLOW_KAFKA_CONTROLLER_PORT=${PROMOFLOW_FAULTS_KAFKA_CONTROLLER_PORT:-29103}
+# Scenarios restart the broker; on a loaded machine a restart can take minutes.
+export PROMOFLOW_KAFKA_READY_TIMEOUT=${PROMOFLOW_KAFKA_READY_TIMEOUT:-300}
 unset DATABASE_URL KAFKA_BROKERS
 trap 'bash scripts/stack.sh down >/dev/null 2>&1 || log "WARNING: stopping the fault stack failed"' EXIT
 stack_env=$(bash scripts/stack.sh up)
