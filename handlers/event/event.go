@@ -109,6 +109,14 @@ func (e *ContractError) Error() string {
 // Validate checks the rules every consumer relies on: a purchase id and a tenant id, Version >= 1,
 // BoostWeight 1..100, a known Status and well-formed targets.
 func (e PurchaseChanged) Validate() error {
+	if errs := e.violations(); len(errs) > 0 {
+		return joinViolations(errs)
+	}
+	return nil
+}
+
+// violations lists Validate's *ContractErrors in field order.
+func (e PurchaseChanged) violations() []error {
 	var errs []error
 	bad := func(field, reason string) { errs = append(errs, &ContractError{Field: field, Reason: reason}) }
 	if e.PurchaseId == uuid.Nil {
@@ -137,8 +145,5 @@ func (e PurchaseChanged) Validate() error {
 			bad(fmt.Sprintf("Targets[%d].TargetId", i), "must not be empty")
 		}
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	return joinViolations(errs)
+	return errs
 }

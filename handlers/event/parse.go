@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/big"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -50,11 +51,16 @@ func Parse(payload []byte) (PurchaseChanged, error) {
 		EndsAt:        d.time("EndsAt"),
 		Version:       d.integer("Version"),
 	}
-	if len(d.errs) > 0 {
-		return PurchaseChanged{}, joinViolations(d.errs)
+	// Every violation, each field once: a member that failed to decode is
+	// not checked again for its range.
+	errs := d.errs
+	for _, v := range ev.violations() {
+		if !d.failed(v.(*ContractError).Field) {
+			errs = append(errs, v)
+		}
 	}
-	if err := ev.Validate(); err != nil {
-		return PurchaseChanged{}, err
+	if len(errs) > 0 {
+		return PurchaseChanged{}, joinViolations(errs)
 	}
 	return ev, nil
 }
@@ -170,6 +176,7 @@ func (d *fields) targets(name string) []Target {
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(item, &obj); err != nil || obj == nil {
 			d.bad(fmt.Sprintf("%s[%d]", name, i), "must be an object")
+			out = append(out, Target{})
 			continue
 		}
 		t := fields{obj: obj, prefix: fmt.Sprintf("%s%s[%d].", d.prefix, name, i)}
@@ -177,6 +184,17 @@ func (d *fields) targets(name string) []Target {
 		d.errs = append(d.errs, t.errs...)
 	}
 	return out
+}
+
+// failed reports whether field, or the member that holds it, failed to decode.
+func (d *fields) failed(field string) bool {
+	for _, err := range d.errs {
+		f := err.(*ContractError).Field
+		if field == f || strings.HasPrefix(field, f+".") || strings.HasPrefix(field, f+"[") {
+			return true
+		}
+	}
+	return false
 }
 
 // joinViolations is one *ContractError that names the first violation's

@@ -200,9 +200,11 @@ func randomRecord(topic string, i int) *sarama.ProducerMessage {
 	case 2:
 		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"Version":%d,"BoostWeight":%d,"Status":"Frozen","Targets":[]}`,
 			pid, -i, 100+i))
-	case 3:
+	case 3: // keyed by its PurchaseId, as the contract wants
+		msg.Key = sarama.StringEncoder(pid)
 		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"TenantId":%q,"PackageKind":"Top","BoostWeight":5,
-			"Status":"Active","Version":1,"Targets":[{"TargetKind":"Post","TargetId":%q}]}`, pid, uuid.NewString(), uuid.NewString()))
+			"Status":"Active","PaymentStatus":"NotRequired","StartsAt":"2026-01-01T00:00:00Z","EndsAt":"2026-02-01T00:00:00Z",
+			"Version":1,"Targets":[{"TargetKind":"Post","TargetId":%q}]}`, pid, uuid.NewString(), uuid.NewString()))
 	case 4:
 		msg.Value = sarama.StringEncoder(fmt.Sprintf(`{"PurchaseId":%q,"Version":1,"BoostWeight":0,"Status":"Active",
 			"Targets":[{"TargetKind":"Project","TargetId":"00000000-0000-0000-0000-000000000000"}]}`, pid))
