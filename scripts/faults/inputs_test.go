@@ -217,7 +217,7 @@ func randomRecord(topic string, i int) *sarama.ProducerMessage {
 }
 
 // malformedRequests: bad HTTP requests of every kind to both APIs. Each gets
-// a 4xx JSON error and no row is written.
+// a 4xx problem details answer (application/problem+json) and no row is written.
 func malformedRequests(t *testing.T, e *env) int {
 	rows := func() (n int64) {
 		must(t, e.db.Get(&n, `SELECT (SELECT count(*) FROM promotion.promotion_purchases) + (SELECT count(*) FROM promotion.idempotency_keys)
@@ -240,12 +240,14 @@ func malformedRequests(t *testing.T, e *env) int {
 					continue
 				}
 				var body struct {
-					Error struct{ Code string } `json:"error"`
+					Status int
+					Code   string
 				}
 				jsonErr := json.NewDecoder(resp.Body).Decode(&body)
 				resp.Body.Close()
-				if resp.StatusCode < 400 || resp.StatusCode >= 500 || jsonErr != nil || body.Error.Code == "" {
-					e.violate("%s %s: %d (JSON error %v)", req.Method, req.URL.Path, resp.StatusCode, jsonErr)
+				if resp.StatusCode < 400 || resp.StatusCode >= 500 || jsonErr != nil || body.Code == "" ||
+					body.Status != resp.StatusCode || resp.Header.Get("Content-Type") != "application/problem+json" {
+					e.violate("%s %s: %d (problem details %+v, %v)", req.Method, req.URL.Path, resp.StatusCode, body, jsonErr)
 				}
 			}
 		})
