@@ -37,6 +37,13 @@ type apiBundle struct {
 func setup(t *testing.T) apiBundle {
 	t.Helper()
 	t.Parallel()
+	return newPromotionAPI(t)
+}
+
+// newPromotionAPI serves the purchase API on a database of its own, every
+// exchange checked against the OpenAPI document.
+func newPromotionAPI(t *testing.T) apiBundle {
+	t.Helper()
 	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	(&api.Promotions{
@@ -44,9 +51,7 @@ func setup(t *testing.T) apiBundle {
 		Tokens:  api.Tokens{"token-a": tenantA, "token-b": tenantB},
 		Log:     slog.New(slog.DiscardHandler),
 	}).Register(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return apiBundle{db: db, srv: srv}
+	return apiBundle{db: db, srv: validatedServer(t, promotionDocument, mux)}
 }
 
 type reply struct {
@@ -70,6 +75,9 @@ func (b apiBundle) do(t *testing.T, method, path, token string, body any, header
 	}
 	req, err := http.NewRequest(method, b.srv.URL+path, rd)
 	require.NoError(t, err)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
