@@ -78,26 +78,29 @@ func (d *fields) bad(name, reason string) {
 	d.errs = append(d.errs, &ContractError{Field: d.prefix + name, Reason: reason})
 }
 
+// JSON types by the first byte of a value.
+func isString(b byte) bool { return b == '"' }
+func isArray(b byte) bool  { return b == '[' }
+func isNumber(b byte) bool { return b == '-' || b >= '0' && b <= '9' }
+
 // member returns the raw value of name, or nil (a violation) when it is
-// missing or not of the JSON type whose first byte is first.
-func (d *fields) member(name string, first byte, kind string) json.RawMessage {
+// missing or not of the JSON type kind, which its first byte tells (is).
+func (d *fields) member(name, kind string, is func(byte) bool) json.RawMessage {
 	raw, ok := d.obj[name]
 	if !ok {
 		d.bad(name, "is required")
 		return nil
 	}
-	if raw = bytes.TrimSpace(raw); len(raw) == 0 || raw[0] != first && (first != '0' || !isNumberStart(raw[0])) {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 || !is(raw[0]) {
 		d.bad(name, "must be "+kind)
 		return nil
 	}
 	return raw
 }
 
-func isNumberStart(b byte) bool { return b == '-' || b >= '0' && b <= '9' }
-
 // str reads a string member; ok is false after a violation.
 func (d *fields) str(name string) (s string, ok bool) {
-	raw := d.member(name, '"', "a string")
+	raw := d.member(name, "a string", isString)
 	if raw == nil {
 		return "", false
 	}
@@ -145,7 +148,7 @@ func (d *fields) time(name string) time.Time {
 // the field's own range): 50, 50.0 and 5e1 are all 50, as JSON Schema's
 // "integer" has it.
 func (d *fields) integer(name string) int64 {
-	raw := d.member(name, '0', "a number")
+	raw := d.member(name, "a number", isNumber)
 	if raw == nil {
 		return 0
 	}
@@ -162,7 +165,7 @@ func (d *fields) integer(name string) int64 {
 }
 
 func (d *fields) targets(name string) []Target {
-	raw := d.member(name, '[', "an array")
+	raw := d.member(name, "an array", isArray)
 	if raw == nil {
 		return nil
 	}
