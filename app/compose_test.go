@@ -1,15 +1,19 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/promoflow/promoflow/app/api"
 	"github.com/promoflow/promoflow/handlers/event"
@@ -17,83 +21,149 @@ import (
 	"github.com/promoflow/promoflow/router/dlqreplay"
 )
 
-// compose.yaml cannot be run on machines without Docker; this test checks it
-// statically against the product: commands, settings, files and ports.
-type composeFile struct {
-	Services map[string]struct {
-		Image       string            `yaml:"image"`
-		Build       map[string]string `yaml:"build"`
-		Command     []string          `yaml:"command"`
-		Environment map[string]string `yaml:"environment"`
-		Ports       []string          `yaml:"ports"`
-		Volumes     []string          `yaml:"volumes"`
-		DependsOn   yaml.Node         `yaml:"depends_on"`
-	} `yaml:"services"`
-}
+// compose.yaml cannot be run on machines without Docker. These tests load it
+// with the Compose Specification's own loader (compose-go, which validates it
+// against the specification's schema, resolves the anchors and merges, and
+// needs no Docker engine) and check the model against the product.
+const composeFile = "../compose.yaml"
 
-func loadCompose(t *testing.T) composeFile {
-	raw, err := os.ReadFile("../compose.yaml")
+func loadCompose(t *testing.T) *types.Project {
+	t.Helper()
+	abs, err := filepath.Abs(composeFile)
 	require.NoError(t, err)
-	var c composeFile
-	require.NoError(t, yaml.Unmarshal(raw, &c))
-	return c
+	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  filepath.Dir(abs),
+		ConfigFiles: []types.ConfigFile{{Filename: abs}},
+		Environment: types.Mapping{}, // the test's own environment interpolates nothing
+	}, func(o *loader.Options) { o.SetProjectName("promoflow", true) })
+	require.NoError(t, err, "the Compose loader refuses compose.yaml")
+	return p
 }
 
-func knownEnv(register func(*settings)) map[string]bool {
-	s := newSettings("x", "")
-	register(s)
-	out := map[string]bool{}
-	for _, env := range s.envs {
-		out[env] = true
-	}
-	return out
+// processes are the compose services that run promoflow, with their settings.
+var processes = map[string]func(*settings){
+	"promotion": func(s *settings) { (&promotionConfig{}).register(s) },
+	"catalog":   func(s *settings) { (&catalogConfig{}).register(s) },
 }
+
+// composeSetsOnPurpose are the settings compose.yaml gives a value other
+// than the code's default; every other setting it lists holds the default.
+var composeSetsOnPurpose = []string{"DATABASE_URL", "KAFKA_BROKERS", "HTTP_ADDR", "PROMOTION_API_TOKENS", "CATALOG_ADMIN_TOKEN"}
+
+// secretFromFile is the one setting compose.yaml never shows: the password
+// comes from KAFKA_SASL_PASSWORD_FILE.
+const secretFromFile = "KAFKA_SASL_PASSWORD"
 
 func TestCompose_DescribesTheWholeStack(t *testing.T) {
-	c := loadCompose(t)
-	for _, name := range []string{"postgres", "kafka", "promotion", "catalog", "prometheus", "grafana"} {
-		require.Contains(t, c.Services, name)
-	}
-	kafka := c.Services["kafka"]
+	p := loadCompose(t)
+	require.ElementsMatch(t, []string{"postgres", "kafka", "kafka-topics", "promotion", "catalog", "prometheus", "grafana"}, p.ServiceNames())
+	kafka := p.Services["kafka"]
 	require.True(t, strings.HasPrefix(kafka.Image, "apache/kafka:4."), "Apache Kafka 4.x")
-	require.Equal(t, "broker,controller", kafka.Environment["KAFKA_PROCESS_ROLES"], "KRaft, one node")
-	for k, v := range kafka.Environment {
+	require.Equal(t, "broker,controller", env(t, kafka, "KAFKA_PROCESS_ROLES"), "KRaft, one node")
+	for k := range kafka.Environment {
 		if strings.HasSuffix(k, "REPLICATION_FACTOR") || strings.HasSuffix(k, "MIN_ISR") {
-			require.Equal(t, "1", v, k)
+			require.Equal(t, "1", env(t, kafka, k), k)
 		}
+	}
+	require.Equal(t, "PLAINTEXT://kafka:9092", env(t, kafka, "KAFKA_ADVERTISED_LISTENERS"))
+	require.Equal(t, "promoflow", env(t, p.Services["postgres"], "POSTGRES_DB"))
+
+	// Ports: the APIs, Prometheus, Grafana and the two servers, each on the host's same port.
+	for name, port := range map[string]uint32{"postgres": 5432, "kafka": 9092, "promotion": 8080, "catalog": 8081,
+		"prometheus": 9090, "grafana": 3000} {
+		require.Contains(t, p.Services[name].Ports, types.ServicePortConfig{Mode: "ingress", Protocol: "tcp",
+			Target: port, Published: strconv.Itoa(int(port))}, "%s publishes %d", name, port)
 	}
 }
 
-func TestCompose_ProcessesUseKnownCommandsAndSettings(t *testing.T) {
-	c := loadCompose(t)
-	envs := map[string]map[string]bool{
-		"promotion": knownEnv(func(s *settings) { (&promotionConfig{}).register(s) }),
-		"catalog":   knownEnv(func(s *settings) { (&catalogConfig{}).register(s) }),
+// TestCompose_StartsEachServiceAfterWhatItNeeds: the dependencies and their
+// conditions, and a health check on every service another one waits to be
+// healthy.
+func TestCompose_StartsEachServiceAfterWhatItNeeds(t *testing.T) {
+	p := loadCompose(t)
+	want := map[string]map[string]string{
+		"kafka-topics": {"kafka": types.ServiceConditionHealthy},
+		"promotion":    {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully},
+		"catalog": {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully,
+			"promotion": types.ServiceConditionStarted},
+		"prometheus": {"promotion": types.ServiceConditionStarted, "catalog": types.ServiceConditionStarted},
+		"grafana":    {"prometheus": types.ServiceConditionStarted},
 	}
-	for name, known := range envs {
-		svc := c.Services[name]
-		require.Equal(t, []string{name}, svc.Command)
-		require.FileExists(t, filepath.Join("..", svc.Build["context"], svc.Build["dockerfile"]))
-		for k := range svc.Environment {
-			require.True(t, known[k], "%s: %s is not a setting of promoflow %s", name, k, name)
+	for _, name := range p.ServiceNames() {
+		got := map[string]string{}
+		for dep, d := range p.Services[name].DependsOn {
+			got[dep] = d.Condition
+			if d.Condition == types.ServiceConditionHealthy {
+				hc := p.Services[dep].HealthCheck
+				require.True(t, hc != nil && !hc.Disable && len(hc.Test) > 1, "%s waits for %s to be healthy, which has no health check", name, dep)
+			}
 		}
-		require.Contains(t, svc.Environment["DATABASE_URL"], "@postgres:5432/")
-		require.Equal(t, "kafka:9092", svc.Environment["KAFKA_BROKERS"])
-		port := strings.TrimPrefix(svc.Environment["HTTP_ADDR"], ":")
-		require.Contains(t, svc.Ports, port+":"+port)
+		if want[name] == nil {
+			require.Empty(t, got, name)
+			continue
+		}
+		require.Equal(t, want[name], got, "%s depends on", name)
 	}
-	_, err := parseTokensEnv(c.Services["promotion"].Environment["PROMOTION_API_TOKENS"])
+	require.Equal(t, types.HealthCheckTest{"CMD", "pg_isready", "-U", "promoflow", "-d", "promoflow"}, p.Services["postgres"].HealthCheck.Test)
+	require.Contains(t, strings.Join(p.Services["kafka"].HealthCheck.Test, " "), "--bootstrap-server localhost:9092")
+}
+
+// TestCompose_ProcessesReadEverySettingWithItsDefault: a promoflow service
+// runs its command from the Dockerfile; it lists every setting the process
+// reads (or shows it commented out, for the Kafka security ones), and none
+// it does not; each value is one the process takes, the code's default
+// unless compose.yaml means another (composeSetsOnPurpose). A new setting
+// fails this test until compose.yaml lists it.
+func TestCompose_ProcessesReadEverySettingWithItsDefault(t *testing.T) {
+	p := loadCompose(t)
+	commented := commentedSettings(t)
+	for name, register := range processes {
+		svc := p.Services[name]
+		require.Equal(t, types.ShellCommand{name}, svc.Command)
+		require.FileExists(t, filepath.Join(svc.Build.Context, svc.Build.Dockerfile))
+
+		s := newSettings(name, "")
+		register(s)
+		known := map[string]string{} // env var → flag
+		for flagName, envName := range s.envs {
+			known[envName] = flagName
+		}
+		for envName, value := range svc.Environment {
+			flagName, ok := known[envName]
+			require.True(t, ok, "%s: %s is not a setting of promoflow %s", name, envName, name)
+			require.NotNil(t, value, "%s: %s has no value", name, envName)
+			require.NoError(t, s.fs.Set(flagName, *value), "%s: %s=%q", name, envName, *value)
+			if !slices.Contains(composeSetsOnPurpose, envName) {
+				f := s.fs.Lookup(flagName)
+				require.Equal(t, f.DefValue, f.Value.String(), "%s: %s is not the code's default", name, envName)
+			}
+		}
+		for envName := range known {
+			_, listed := svc.Environment[envName]
+			require.True(t, listed || commented[envName] != "" || envName == secretFromFile,
+				"%s: compose.yaml does not list setting %s", name, envName)
+		}
+	}
+
+	promotion, catalog := p.Services["promotion"], p.Services["catalog"]
+	for _, svc := range []types.ServiceConfig{promotion, catalog} {
+		require.Contains(t, env(t, svc, "DATABASE_URL"), "@postgres:5432/")
+		require.Equal(t, "kafka:9092", env(t, svc, "KAFKA_BROKERS"))
+	}
+	require.Equal(t, ":8080", env(t, promotion, "HTTP_ADDR"))
+	require.Equal(t, ":8081", env(t, catalog, "HTTP_ADDR"))
+	tokens, err := api.ParseTokens(env(t, promotion, "PROMOTION_API_TOKENS"))
 	require.NoError(t, err)
+	require.NotEmpty(t, tokens)
 }
 
 func TestCompose_MountedFilesExistAndPrometheusScrapesBothProcesses(t *testing.T) {
-	c := loadCompose(t)
-	for name, svc := range c.Services {
-		for _, v := range svc.Volumes {
-			src, _, _ := strings.Cut(v, ":")
-			if strings.HasPrefix(src, "./") {
-				_, err := os.Stat(filepath.Join("..", src))
-				require.NoError(t, err, "%s mounts %s", name, src)
+	p := loadCompose(t)
+	for _, name := range p.ServiceNames() {
+		for _, v := range p.Services[name].Volumes {
+			if v.Type == types.VolumeTypeBind {
+				_, err := os.Stat(v.Source)
+				require.NoError(t, err, "%s mounts %s", name, v.Source)
 			}
 		}
 	}
@@ -107,8 +177,7 @@ func TestCompose_MountedFilesExistAndPrometheusScrapesBothProcesses(t *testing.T
 // purchase topic compacted before either process starts, and the DLQ and
 // replay topics with the default retention, under the names the product uses.
 func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
-	c := loadCompose(t)
-	topics := c.Services["kafka-topics"]
+	topics := loadCompose(t).Services["kafka-topics"]
 	require.True(t, strings.HasPrefix(topics.Image, "apache/kafka:4."))
 	script := strings.Join(topics.Command, " ")
 	partitions := fmt.Sprintf(" --partitions %d --replication-factor 1", topicPartitionsDefault)
@@ -116,32 +185,33 @@ func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
 	for _, topic := range []string{middleware.DLQTopicDefault, dlqreplay.ReplayTopicDefault} {
 		require.Regexp(t, "--topic "+regexp.QuoteMeta(topic)+regexp.QuoteMeta(partitions)+"( &&|$)", script)
 	}
-	for _, name := range []string{"promotion", "catalog"} {
-		var deps map[string]map[string]string
-		node := c.Services[name].DependsOn
-		require.NoError(t, node.Decode(&deps))
-		require.Equal(t, "service_completed_successfully", deps["kafka-topics"]["condition"], name)
-	}
 }
 
 // TestCompose_ShowsTheKafkaSecuritySettingsWithSecretsAsFiles: the commented
 // production settings are settings of promoflow, the password comes from a
-// file under /run/secrets, and no password is written in the file.
+// file under /run/secrets, and no password is written in the file. (The
+// loader drops comments, so these are read as text.)
 func TestCompose_ShowsTheKafkaSecuritySettingsWithSecretsAsFiles(t *testing.T) {
-	raw, err := os.ReadFile("../compose.yaml")
+	raw, err := os.ReadFile(composeFile)
 	require.NoError(t, err)
-	known := knownEnv(func(s *settings) { (&promotionConfig{}).register(s) })
-	commented := regexp.MustCompile(`(?m)^\s*#\s*(KAFKA_[A-Z_]+):\s*(\S+)`).FindAllStringSubmatch(string(raw), -1)
-	shown := map[string]string{}
-	for _, m := range commented {
-		require.True(t, known[m[1]], "compose.yaml shows %s, which is not a setting", m[1])
-		shown[m[1]] = m[2]
+	shown := commentedSettings(t)
+	known := map[string]bool{}
+	for _, register := range processes {
+		s := newSettings("x", "")
+		register(s)
+		for _, envName := range s.envs {
+			known[envName] = true
+		}
+	}
+	for name := range shown {
+		require.True(t, known[name], "compose.yaml shows %s, which is not a setting", name)
 	}
 	for _, name := range []string{"KAFKA_TLS", "KAFKA_TLS_CA_FILE", "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE",
-		"KAFKA_TLS_SERVER_NAME", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD_FILE"} {
+		"KAFKA_TLS_SERVER_NAME", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD_FILE",
+		"DATABASE_DIRECT_URL", "DATABASE_PREPARED_STATEMENTS"} {
 		require.Contains(t, shown, name)
 	}
-	require.NotContains(t, shown, "KAFKA_SASL_PASSWORD", "the password comes from a file")
+	require.NotContains(t, shown, secretFromFile, "the password comes from a file")
 	for _, file := range []string{"KAFKA_SASL_PASSWORD_FILE", "KAFKA_TLS_CA_FILE", "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE"} {
 		require.True(t, strings.HasPrefix(shown[file], "/run/secrets/"), "%s is a mounted secret", file)
 		secret := strings.TrimPrefix(shown[file], "/run/secrets/")
@@ -149,25 +219,22 @@ func TestCompose_ShowsTheKafkaSecuritySettingsWithSecretsAsFiles(t *testing.T) {
 	}
 }
 
-func parseTokensEnv(s string) (int, error) {
-	tokens, err := api.ParseTokens(s)
-	return len(tokens), err
+// commentedSettings are the settings compose.yaml shows commented out, with
+// the value it shows.
+func commentedSettings(t *testing.T) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(composeFile)
+	require.NoError(t, err)
+	shown := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^\s*#\s*([A-Z][A-Z0-9_]+):\s*(\S+)`).FindAllStringSubmatch(string(raw), -1) {
+		shown[m[1]] = strings.Trim(m[2], `"`)
+	}
+	return shown
 }
 
-// TestCompose_CommentedSettingsAreSettings: every production setting that
-// compose.yaml shows commented out is read by a promoflow process.
-func TestCompose_CommentedSettingsAreSettings(t *testing.T) {
-	raw, err := os.ReadFile("../compose.yaml")
-	require.NoError(t, err)
-	known := map[string]bool{}
-	for _, register := range []func(*settings){(&promotionConfig{}).register, (&catalogConfig{}).register} {
-		for env := range knownEnv(register) {
-			known[env] = true
-		}
-	}
-	commented := regexp.MustCompile(`(?m)^\s*# ([A-Z][A-Z0-9_]+): `).FindAllStringSubmatch(string(raw), -1)
-	require.NotEmpty(t, commented)
-	for _, m := range commented {
-		require.True(t, known[m[1]], "compose.yaml shows %s, which no promoflow process reads", m[1])
-	}
+func env(t *testing.T, svc types.ServiceConfig, name string) string {
+	t.Helper()
+	v, ok := svc.Environment[name]
+	require.True(t, ok && v != nil, "%s has no %s", svc.Name, name)
+	return *v
 }

@@ -18,6 +18,9 @@ import (
 const (
 	// CodeContractViolation is a payload or contract violation (*event.ContractError).
 	CodeContractViolation = "contract_violation"
+	// CodeKeyMismatch is a record whose key is not its PurchaseId
+	// (*event.KeyError): a contract violation that breaks the topic's compaction.
+	CodeKeyMismatch = "key_mismatch"
 	// CodeConflictExhausted is an optimistic-lock conflict that outlived its retries.
 	CodeConflictExhausted = "conflict_exhausted"
 	// CodeSQLRejected is an error PostgreSQL raised for the data or the
@@ -140,7 +143,8 @@ func (c *RetryConfig) setDefaults() {
 //     so nothing is dead-lettered for a message whose offset will not be
 //     committed;
 //   - a *Permanent passes through;
-//   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once;
+//   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once,
+//     and an *event.KeyError Permanent{Code: CodeKeyMismatch};
 //   - a PostgreSQL error of SQLSTATE class 22, 23 or 42 (the data or the
 //     statement, not the server) becomes Permanent{Code: CodeSQLRejected} at
 //     once: a re-run raises it again, and would stall the partition for ever
@@ -190,6 +194,10 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				var contract *event.ContractError
 				if errors.As(err, &contract) {
 					return nil, &Permanent{Code: CodeContractViolation, Reason: contract.Error(), Err: err}
+				}
+				var key *event.KeyError
+				if errors.As(err, &key) {
+					return nil, &Permanent{Code: CodeKeyMismatch, Reason: key.Error(), Err: err}
 				}
 				if rejected, ok := rejectedSQL(err); ok {
 					return nil, &Permanent{Code: CodeSQLRejected, Reason: rejected, Err: err}

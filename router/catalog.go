@@ -23,6 +23,10 @@ import (
 // CatalogConsumerGroup is the Promotion Boost consumer's group.
 const CatalogConsumerGroup = "pin-catalog-promotion-boost"
 
+// ReplayGroupSuffix names the consumer's group on the replay topic: its
+// group on the purchase topic with this suffix.
+const ReplayGroupSuffix = "-replay"
+
 // Defaults of CatalogConfig.
 const (
 	DedupRetentionDefault       = 7 * 24 * time.Hour
@@ -171,7 +175,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	}
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
-	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + "-replay"} {
+	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + ReplayGroupSuffix} {
 		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, wlog, claims.Tracer())
 		if err != nil {
 			return nil, err

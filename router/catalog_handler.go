@@ -9,6 +9,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // unitOfWork is the consumer's group commit: dedup keys and boost.ApplyBatch
@@ -16,15 +17,22 @@ import (
 type unitOfWork = middleware.GroupCommit[event.PurchaseChanged, boost.Outcome]
 
 // consume is the Promotion Boost handler: it parses one purchase-changed
-// message and applies it through the unit of work, with the events of other
-// purchases that wait at the same time. A payload that breaks the contract
-// returns its *event.ContractError, which the retry middleware makes
-// permanent (DLQ).
+// message, checks that its record key is its PurchaseId, and applies it
+// through the unit of work, with the events of other purchases that wait at
+// the same time. A payload that breaks the contract returns its
+// *event.ContractError, a record keyed otherwise its *event.KeyError; the
+// retry middleware makes both permanent (DLQ). Every message comes from a
+// Kafka record with its key: the subscriber's, or one that a rebuild names
+// with kafkakit.WithKey; a message without one fails the key check.
 func consume(m *CatalogMetrics, log *slog.Logger, uow *unitOfWork) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		start := time.Now()
 		ev, err := event.Parse(msg.Payload)
 		if err != nil {
+			return err
+		}
+		key, _ := kafkakit.KeyOf(msg)
+		if err := event.CheckKey(key, ev); err != nil {
 			return err
 		}
 		out, dup, err := uow.Do(msg, ev.PurchaseId.String(), ev)
@@ -58,4 +66,5 @@ func observe(m *CatalogMetrics, log *slog.Logger, msg *message.Message, ev event
 		}
 	}
 	m.ConsumeDuration.Observe(float64(took.Microseconds()) / 1000)
+	m.ConsumeSeconds.Observe(took.Seconds())
 }

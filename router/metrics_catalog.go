@@ -8,8 +8,12 @@ import (
 
 // CatalogMetrics are the catalog context's Prometheus series (SPEC §6).
 type CatalogMetrics struct {
-	Lag              prometheus.GaugeFunc
+	Lag prometheus.GaugeFunc
+	// ConsumeDuration is the seed's catalog_promotion_consume_duration_ms,
+	// kept under the name the seed gives it; ConsumeSeconds is the same time
+	// in seconds, as Prometheus names units, for dashboards and alerts.
 	ConsumeDuration  prometheus.Histogram
+	ConsumeSeconds   prometheus.Histogram
 	BatchSize        prometheus.Histogram
 	CardsRecomputed  prometheus.Counter
 	Stale            prometheus.Counter
@@ -40,7 +44,9 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 		Lag: r.gaugeFunc("catalog_promotion_lag_seconds",
 			"Age of the oldest event in flight, or of the last one handled in the past 5s; 0 when idle.", lag.Seconds),
 		ConsumeDuration: r.histogram("catalog_promotion_consume_duration_ms",
-			"Time to process one purchase-changed event, in milliseconds.", 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+			"Time to process one purchase-changed event, in milliseconds (the seed's name; see _seconds).", 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+		ConsumeSeconds: r.histogram("catalog_promotion_consume_duration_seconds",
+			"Time to process one purchase-changed event, in seconds.", 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 		BatchSize: r.histogram("catalog_promotion_batch_size",
 			"Events per consumer transaction (the group commit).", 1, 2, 4, 8, 16, 32, 64, 128),
 		CardsRecomputed:  r.counter("catalog_promotion_cards_recomputed_total", "Cards whose PromotionBoost changed."),

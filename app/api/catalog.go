@@ -29,8 +29,9 @@ type Catalog struct {
 	Log       *slog.Logger
 }
 
-// Register mounts the routes on mux.
+// Register mounts the routes on mux, and the API's OpenAPI document at GET /openapi.json.
 func (h *Catalog) Register(mux *http.ServeMux) {
+	serveDocument(mux, catalogDocument)
 	mux.HandleFunc("PUT /cards/projects/{id}", h.admin(h.putProject))
 	mux.HandleFunc("PUT /cards/property-objects/{id}", h.admin(h.putObject))
 	mux.HandleFunc("GET /cards/projects/{id}", read(h, boost.GetProjectCard, projectView))

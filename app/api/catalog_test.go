@@ -3,7 +3,6 @@ package api_test
 import (
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -20,6 +19,13 @@ import (
 func setupCatalogAPI(t *testing.T) apiBundle {
 	t.Helper()
 	t.Parallel()
+	return newCatalogAPI(t)
+}
+
+// newCatalogAPI serves the catalog API on a database and a topic of its own,
+// every exchange checked against the OpenAPI document.
+func newCatalogAPI(t *testing.T) apiBundle {
+	t.Helper()
 	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	log := slog.New(slog.DiscardHandler)
@@ -28,9 +34,7 @@ func setupCatalogAPI(t *testing.T) apiBundle {
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)
 	(&api.Catalog{DB: db, AdminToken: "admin", Rebuilder: rb, Log: log}).Register(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return apiBundle{db: db, srv: srv}
+	return apiBundle{db: db, srv: validatedServer(t, catalogDocument, mux)}
 }
 
 func TestCatalogAPI_FeedUpsertsCardsAndReadsShowTheBoost(t *testing.T) {

@@ -15,11 +15,21 @@ import (
 	"github.com/lib/pq"
 )
 
-// Error is the JSON body of every 4xx/5xx answer.
-type Error struct {
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-	Fields  []FieldError `json:"fields,omitempty"`
+// ProblemContentType is the media type of every 4xx/5xx answer (RFC 9457).
+const ProblemContentType = "application/problem+json"
+
+// Problem is the RFC 9457 problem details body of every 4xx/5xx answer. Type
+// is "about:blank", so Title is the status's phrase; Code, an extension
+// member, says which problem it is, for a client to act on.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	// Code is the machine-readable problem, such as validation_failed.
+	Code string `json:"code"`
+	// Fields names each invalid input field of a validation_failed answer.
+	Fields []FieldError `json:"fields,omitempty"`
 }
 
 // FieldError names one invalid input field.
@@ -34,8 +44,12 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-func writeError(w http.ResponseWriter, status int, code, msg string, fields ...FieldError) {
-	writeJSON(w, status, map[string]Error{"error": {Code: code, Message: msg, Fields: fields}})
+// writeError answers status with a problem details body.
+func writeError(w http.ResponseWriter, status int, code, detail string, fields ...FieldError) {
+	w.Header().Set("Content-Type", ProblemContentType)
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(Problem{Type: "about:blank", Title: http.StatusText(status), Status: status,
+		Detail: detail, Code: code, Fields: fields})
 }
 
 // retryAfter is how many seconds a 503 asks the caller to wait.

@@ -35,10 +35,12 @@ func TestUnavailable_DatabaseOutagesAre503AndBugsAreNot(t *testing.T) {
 	writeUnavailable(rec)
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.Equal(t, retryAfter, rec.Header().Get("Retry-After"))
-	require.JSONEq(t, `{"error":{"code":"unavailable","message":"the database is unavailable; retry after 2s"}}`, rec.Body.String())
+	require.Equal(t, ProblemContentType, rec.Header().Get("Content-Type"))
+	require.JSONEq(t, `{"type":"about:blank","title":"Service Unavailable","status":503,"code":"unavailable",
+		"detail":"the database is unavailable; retry after 2s"}`, rec.Body.String())
 }
 
-func TestJSONErrors_UnknownRoutesAndMethodsAreJSON(t *testing.T) {
+func TestJSONErrors_UnknownRoutesAndMethodsAreProblems(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /promotions/{id}", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
 	h := JSONErrors(mux)
@@ -46,13 +48,14 @@ func TestJSONErrors_UnknownRoutesAndMethodsAreJSON(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/nowhere", nil))
 	require.Equal(t, http.StatusNotFound, rec.Code)
-	require.JSONEq(t, `{"error":{"code":"not_found","message":"no such route: GET /nowhere"}}`, rec.Body.String())
+	require.JSONEq(t, `{"type":"about:blank","title":"Not Found","status":404,"code":"not_found",
+		"detail":"no such route: GET /nowhere"}`, rec.Body.String())
 
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, "/promotions/x", nil))
 	require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
 	require.Contains(t, rec.Header().Get("Allow"), "GET")
-	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+	require.Equal(t, ProblemContentType, rec.Header().Get("Content-Type"))
 
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/promotions/x", nil))

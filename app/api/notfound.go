@@ -5,8 +5,8 @@ import (
 )
 
 // JSONErrors answers what mux answers by itself (404 for a path it does not
-// know, 405 for a known path with another method) as a JSON error like every
-// other answer of the API, keeping the Allow header.
+// know, 405 for a known path with another method) as a problem details body
+// like every other error of the API, keeping the Allow header.
 func JSONErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)

@@ -25,8 +25,9 @@ type Promotions struct {
 	Log     *slog.Logger
 }
 
-// Register mounts the routes on mux.
+// Register mounts the routes on mux, and the API's OpenAPI document at GET /openapi.json.
 func (h *Promotions) Register(mux *http.ServeMux) {
+	serveDocument(mux, promotionDocument)
 	mux.HandleFunc("POST /promotions", h.Tokens.authenticate(h.create))
 	mux.HandleFunc("GET /promotions", h.Tokens.authenticate(h.list))
 	mux.HandleFunc("GET /promotions/{id}", h.Tokens.authenticate(h.get))

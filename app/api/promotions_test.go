@@ -37,6 +37,13 @@ type apiBundle struct {
 func setup(t *testing.T) apiBundle {
 	t.Helper()
 	t.Parallel()
+	return newPromotionAPI(t)
+}
+
+// newPromotionAPI serves the purchase API on a database of its own, every
+// exchange checked against the OpenAPI document.
+func newPromotionAPI(t *testing.T) apiBundle {
+	t.Helper()
 	db := pgtest.DB(t)
 	mux := http.NewServeMux()
 	(&api.Promotions{
@@ -44,9 +51,7 @@ func setup(t *testing.T) apiBundle {
 		Tokens:  api.Tokens{"token-a": tenantA, "token-b": tenantB},
 		Log:     slog.New(slog.DiscardHandler),
 	}).Register(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return apiBundle{db: db, srv: srv}
+	return apiBundle{db: db, srv: validatedServer(t, promotionDocument, mux)}
 }
 
 type reply struct {
@@ -70,6 +75,9 @@ func (b apiBundle) do(t *testing.T, method, path, token string, body any, header
 	}
 	req, err := http.NewRequest(method, b.srv.URL+path, rd)
 	require.NoError(t, err)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -141,17 +149,17 @@ func TestAPI_BadInputGetsClearErrorAndWritesNothing(t *testing.T) {
 	for name, tc := range cases {
 		r := b.do(t, "POST", "/promotions", "token-a", tc.body)
 		require.Equal(t, tc.status, r.Status, name)
-		errBody, ok := r.Body["error"].(map[string]any)
-		require.True(t, ok, "%s: JSON error body", name)
-		require.Equal(t, tc.code, errBody["code"], name)
-		require.NotEmpty(t, errBody["message"], name)
+		require.Equal(t, api.ProblemContentType, r.Header.Get("Content-Type"), name)
+		require.EqualValues(t, tc.status, r.Body["status"], "%s: a problem details body", name)
+		require.Equal(t, tc.code, r.Body["code"], name)
+		require.NotEmpty(t, r.Body["detail"], name)
 	}
 	p, e := b.counts(t)
 	require.Zero(t, p)
 	require.Zero(t, e)
 
 	r := b.do(t, "POST", "/promotions", "token-a", with("BoostWeight", 0))
-	fields := r.Body["error"].(map[string]any)["fields"].([]any)
+	fields := r.Body["fields"].([]any)
 	require.Equal(t, "BoostWeight", fields[0].(map[string]any)["field"])
 }
 
@@ -206,7 +214,7 @@ func TestAPI_IdempotencyKeyReturnsTheFirstPurchase(t *testing.T) {
 	other := validBody()
 	reused := b.do(t, "POST", "/promotions", "token-a", other, "Idempotency-Key", "k-1")
 	require.Equal(t, http.StatusUnprocessableEntity, reused.Status)
-	require.Equal(t, "idempotency_key_reused", reused.Body["error"].(map[string]any)["code"])
+	require.Equal(t, "idempotency_key_reused", reused.Body["code"])
 
 	// The same key of another tenant is another key.
 	require.Equal(t, http.StatusCreated, b.do(t, "POST", "/promotions", "token-b", body, "Idempotency-Key", "k-1").Status)
@@ -251,7 +259,7 @@ func TestAPI_CancelMovesActiveToCancelledOnce(t *testing.T) {
 
 	again := b.do(t, "POST", "/promotions/"+id+"/cancel", "token-a", nil)
 	require.Equal(t, http.StatusConflict, again.Status)
-	require.Contains(t, again.Body["error"].(map[string]any)["message"], "Cancelled")
+	require.Contains(t, again.Body["detail"], "Cancelled")
 
 	evs := purchasetest.OutboxEvents(t, b.db)
 	require.Len(t, evs, 2)

@@ -5,8 +5,6 @@
 package event
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -108,26 +106,24 @@ func (e *ContractError) Error() string {
 	return fmt.Sprintf("contract violation: %s: %s", e.Field, e.Reason)
 }
 
-// Parse decodes and validates a payload. Every failure is a *ContractError.
-// Unknown fields are ignored so that additive contract changes stay compatible.
-func Parse(payload []byte) (PurchaseChanged, error) {
-	var ev PurchaseChanged
-	if err := json.Unmarshal(payload, &ev); err != nil {
-		return PurchaseChanged{}, &ContractError{Reason: "malformed JSON: " + err.Error()}
-	}
-	if err := ev.Validate(); err != nil {
-		return PurchaseChanged{}, err
-	}
-	return ev, nil
-}
-
-// Validate checks the rules every consumer relies on: a purchase id, Version >= 1,
+// Validate checks the rules every consumer relies on: a purchase id and a tenant id, Version >= 1,
 // BoostWeight 1..100, a known Status and well-formed targets.
 func (e PurchaseChanged) Validate() error {
+	if errs := e.violations(); len(errs) > 0 {
+		return joinViolations(errs)
+	}
+	return nil
+}
+
+// violations lists Validate's *ContractErrors in field order.
+func (e PurchaseChanged) violations() []error {
 	var errs []error
 	bad := func(field, reason string) { errs = append(errs, &ContractError{Field: field, Reason: reason}) }
 	if e.PurchaseId == uuid.Nil {
 		bad("PurchaseId", "must not be empty")
+	}
+	if e.TenantId == uuid.Nil {
+		bad("TenantId", "must not be empty")
 	}
 	if e.Version < 1 {
 		bad("Version", "must be >= 1")
@@ -149,10 +145,5 @@ func (e PurchaseChanged) Validate() error {
 			bad(fmt.Sprintf("Targets[%d].TargetId", i), "must not be empty")
 		}
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	// The first violation is the one a DLQ reason names; all are in the message.
-	first := errs[0].(*ContractError)
-	return &ContractError{Field: first.Field, Reason: errors.Join(errs...).Error()}
+	return errs
 }

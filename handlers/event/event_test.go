@@ -102,38 +102,3 @@ func TestContract_ParseRejectsViolations(t *testing.T) {
 	var ce *event.ContractError
 	require.ErrorAs(t, err, &ce)
 }
-
-// FuzzParse checks that any input either parses into an event that passes
-// validation and survives a round trip, or fails with a ContractError.
-func FuzzParse(f *testing.F) {
-	good, _ := json.Marshal(sample())
-	f.Add(good)
-	f.Add([]byte(`{}`))
-	f.Add([]byte(`{"PurchaseId":"00000000-0000-0000-0000-000000000000","Version":-1}`))
-	f.Add([]byte(`{"Targets":[{"TargetKind":"Post","TargetId":"6f1c2a7e-8a54-4c36-9b9e-0d7f2f0f4a11"}]}`))
-	f.Add([]byte(`null`))
-	f.Fuzz(func(t *testing.T, payload []byte) {
-		ev, err := event.Parse(payload)
-		if err != nil {
-			var ce *event.ContractError
-			if !errors.As(err, &ce) {
-				t.Fatalf("non-contract error %T: %v", err, err)
-			}
-			return
-		}
-		if err := ev.Validate(); err != nil {
-			t.Fatalf("parsed event fails validation: %v", err)
-		}
-		raw, err := json.Marshal(ev)
-		if err != nil {
-			t.Fatalf("marshal: %v", err)
-		}
-		again, err := event.Parse(raw)
-		if err != nil {
-			t.Fatalf("round trip: %v", err)
-		}
-		if again.PurchaseId != ev.PurchaseId || again.Version != ev.Version || len(again.Targets) != len(ev.Targets) {
-			t.Fatalf("round trip changed the event")
-		}
-	})
-}

@@ -25,6 +25,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // ErrRunning is a rebuild under way in this or another process.
@@ -220,7 +221,8 @@ func (r *Rebuilder) apply(p *bounded.Progress, log *slog.Logger) bounded.Handler
 		if err != nil {
 			return fmt.Errorf("unmarshal %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 		}
-		msg.SetContext(ctx)
+		// The record's key, which the consumer checks against its PurchaseId.
+		msg.SetContext(kafkakit.WithKey(ctx, rec.Key))
 		_, err = r.cfg.Chain(msg)
 		var perm *middleware.Permanent
 		switch {

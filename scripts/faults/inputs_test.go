@@ -272,7 +272,8 @@ func (e *env) randomRecord(i int) (*sarama.ProducerMessage, bool) {
 
 // malformedRequests: 30 purchases that end in hours are created (so cards
 // carry a boost) and consumed; then bad HTTP requests of every kind go to
-// both APIs. Each gets a 4xx JSON error with a code, and nothing is
+// both APIs. Each gets a 4xx problem details answer
+// (application/problem+json) with a code, and nothing is
 // written: purchases, idempotency keys, outbox rows (the outbox's sequence,
 // since the janitor deletes relayed rows), cards and contributions keep
 // their counts.
@@ -300,12 +301,14 @@ func malformedRequests(t *testing.T, e *env) int {
 					continue
 				}
 				var body struct {
-					Error struct{ Code string } `json:"error"`
+					Status int
+					Code   string
 				}
 				jsonErr := json.NewDecoder(resp.Body).Decode(&body)
 				resp.Body.Close()
-				if resp.StatusCode < 400 || resp.StatusCode >= 500 || jsonErr != nil || body.Error.Code == "" {
-					e.violate("%s %s: %d (JSON error %v)", req.Method, req.URL.Path, resp.StatusCode, jsonErr)
+				if resp.StatusCode < 400 || resp.StatusCode >= 500 || jsonErr != nil || body.Code == "" ||
+					body.Status != resp.StatusCode || resp.Header.Get("Content-Type") != "application/problem+json" {
+					e.violate("%s %s: %d (problem details %+v, %v)", req.Method, req.URL.Path, resp.StatusCode, body, jsonErr)
 				}
 			}
 		})

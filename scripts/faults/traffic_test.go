@@ -161,8 +161,8 @@ func (tr *traffic) check(method, path string, resp *http.Response) (int, map[str
 	var out map[string]any
 	jsonErr := json.NewDecoder(resp.Body).Decode(&out)
 	if resp.StatusCode >= 400 {
-		if _, ok := out["error"].(map[string]any); jsonErr != nil || !ok {
-			tr.e.violate("%s %s: %d without a JSON error", method, path, resp.StatusCode)
+		if code, _ := out["code"].(string); jsonErr != nil || code == "" || resp.Header.Get("Content-Type") != "application/problem+json" {
+			tr.e.violate("%s %s: %d without a problem details body", method, path, resp.StatusCode)
 		}
 	}
 	isCreate := method == http.MethodPost && path == "/promotions"

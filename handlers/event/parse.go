@@ -1,0 +1,212 @@
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// The forms purchase_changed.v1.schema.json allows for an id and a time,
+// written as its patterns are.
+var (
+	idForm   = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	timeForm = regexp.MustCompile(`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+)
+
+// Parse decodes and validates a payload: it accepts exactly what
+// purchase_changed.v1.schema.json accepts (FuzzParse_AgreesWithTheSchema).
+// Every failure is a *ContractError. Field names are matched in their exact
+// case, every field is required, a number is an integer when it has no
+// fraction (50.0 is 50), and unknown fields are ignored so that additive
+// contract changes stay compatible.
+func Parse(payload []byte) (PurchaseChanged, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &obj); err != nil {
+		var syntax *json.SyntaxError
+		if errors.As(err, &syntax) {
+			return PurchaseChanged{}, &ContractError{Reason: "malformed JSON: " + err.Error()}
+		}
+		return PurchaseChanged{}, &ContractError{Reason: "the payload is not a JSON object"}
+	}
+	if obj == nil {
+		return PurchaseChanged{}, &ContractError{Reason: "the payload is not a JSON object"}
+	}
+	d := fields{obj: obj}
+	ev := PurchaseChanged{
+		PurchaseId:    d.id("PurchaseId"),
+		TenantId:      d.id("TenantId"),
+		PackageKind:   d.text("PackageKind"),
+		Targets:       d.targets("Targets"),
+		BoostWeight:   int(d.integer("BoostWeight")),
+		Status:        Status(d.text("Status")),
+		PaymentStatus: d.text("PaymentStatus"),
+		StartsAt:      d.time("StartsAt"),
+		EndsAt:        d.time("EndsAt"),
+		Version:       d.integer("Version"),
+	}
+	// Every violation, each field once: a member that failed to decode is
+	// not checked again for its range.
+	errs := d.errs
+	for _, v := range ev.violations() {
+		if !d.failed(v.(*ContractError).Field) {
+			errs = append(errs, v)
+		}
+	}
+	if len(errs) > 0 {
+		return PurchaseChanged{}, joinViolations(errs)
+	}
+	return ev, nil
+}
+
+// fields reads the members of one JSON object, each of the type the schema
+// states, and collects a *ContractError per member that is missing or of
+// another type. Ranges and enums are Validate's.
+type fields struct {
+	obj    map[string]json.RawMessage
+	prefix string
+	errs   []error
+}
+
+func (d *fields) bad(name, reason string) {
+	d.errs = append(d.errs, &ContractError{Field: d.prefix + name, Reason: reason})
+}
+
+// JSON types by the first byte of a value.
+func isString(b byte) bool { return b == '"' }
+func isArray(b byte) bool  { return b == '[' }
+func isNumber(b byte) bool { return b == '-' || b >= '0' && b <= '9' }
+
+// member returns the raw value of name, or nil (a violation) when it is
+// missing or not of the JSON type kind, which its first byte tells (is).
+func (d *fields) member(name, kind string, is func(byte) bool) json.RawMessage {
+	raw, ok := d.obj[name]
+	if !ok {
+		d.bad(name, "is required")
+		return nil
+	}
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 || !is(raw[0]) {
+		d.bad(name, "must be "+kind)
+		return nil
+	}
+	return raw
+}
+
+// str reads a string member; ok is false after a violation.
+func (d *fields) str(name string) (s string, ok bool) {
+	raw := d.member(name, "a string", isString)
+	if raw == nil {
+		return "", false
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		d.bad(name, "must be a string")
+		return "", false
+	}
+	return s, true
+}
+
+func (d *fields) text(name string) string {
+	s, _ := d.str(name)
+	return s
+}
+
+func (d *fields) id(name string) uuid.UUID {
+	s, ok := d.str(name)
+	if !ok {
+		return uuid.Nil
+	}
+	if !idForm.MatchString(s) {
+		d.bad(name, fmt.Sprintf("%q is not a lower-case canonical UUID", s))
+		return uuid.Nil
+	}
+	return uuid.MustParse(s)
+}
+
+func (d *fields) time(name string) time.Time {
+	s, ok := d.str(name)
+	if !ok {
+		return time.Time{}
+	}
+	if !timeForm.MatchString(s) {
+		d.bad(name, fmt.Sprintf("%q is not an RFC 3339 date-time (upper-case T and Z, at most 9 fraction digits)", s))
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		d.bad(name, fmt.Sprintf("%q is not a date-time: %v", s, err))
+	}
+	return t
+}
+
+// integer reads a JSON number with no fraction within int64 (Validate checks
+// the field's own range): 50, 50.0 and 5e1 are all 50, as JSON Schema's
+// "integer" has it.
+func (d *fields) integer(name string) int64 {
+	raw := d.member(name, "a number", isNumber)
+	if raw == nil {
+		return 0
+	}
+	n, ok := new(big.Rat).SetString(string(raw))
+	switch {
+	case !ok || !n.IsInt():
+		d.bad(name, fmt.Sprintf("%s is not an integer", raw))
+		return 0
+	case !n.Num().IsInt64():
+		d.bad(name, fmt.Sprintf("%s is out of range", raw))
+		return 0
+	}
+	return n.Num().Int64()
+}
+
+func (d *fields) targets(name string) []Target {
+	raw := d.member(name, "an array", isArray)
+	if raw == nil {
+		return nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		d.bad(name, "must be an array")
+		return nil
+	}
+	out := make([]Target, 0, len(items))
+	for i, item := range items {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(item, &obj); err != nil || obj == nil {
+			d.bad(fmt.Sprintf("%s[%d]", name, i), "must be an object")
+			out = append(out, Target{})
+			continue
+		}
+		t := fields{obj: obj, prefix: fmt.Sprintf("%s%s[%d].", d.prefix, name, i)}
+		out = append(out, Target{TargetKind: TargetKind(t.text("TargetKind")), TargetId: t.id("TargetId")})
+		d.errs = append(d.errs, t.errs...)
+	}
+	return out
+}
+
+// failed reports whether field, or the member that holds it, failed to decode.
+func (d *fields) failed(field string) bool {
+	for _, err := range d.errs {
+		f := err.(*ContractError).Field
+		if field == f || strings.HasPrefix(field, f+".") || strings.HasPrefix(field, f+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+// joinViolations is one *ContractError that names the first violation's
+// field and lists every violation.
+func joinViolations(errs []error) error {
+	var first *ContractError
+	errors.As(errs[0], &first)
+	if len(errs) == 1 {
+		return first
+	}
+	return &ContractError{Field: first.Field, Reason: errors.Join(errs...).Error()}
+}
