@@ -54,8 +54,12 @@ func TestExpirer_EarlierPurchaseCreatedOnOtherInstanceRearmsWakeup(t *testing.T)
 	logsA := &logtest.Logs{}
 	a.startWith(t, heartbeat, expire.Config{}, logsA.Logger())
 	// Instance B has no wake-up of its own: only A's re-arm can expire the
-	// new purchase within the bound.
-	other.startWith(t, heartbeat, expire.Config{DisableWakeup: true}, slog.New(slog.DiscardHandler))
+	// new purchase within the bound, once B's ticker has run its first cycle
+	// (at start; the next is a heartbeat away).
+	logsB := &logtest.Logs{}
+	other.startWith(t, heartbeat, expire.Config{DisableWakeup: true}, logsB.Logger())
+	require.Eventually(t, func() bool { return len(logsB.Find(slog.LevelInfo, "cycle completed")) > 0 },
+		30*time.Second, 10*time.Millisecond, "instance B ran its first cycle")
 	var farEndsAt time.Time
 	require.NoError(t, a.db.Get(&farEndsAt, `SELECT ends_at FROM promotion.promotion_purchases WHERE id = $1`, far))
 	require.Eventually(t, func() bool {
