@@ -237,8 +237,8 @@ func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) 
 		cancelWins, expireWins, skippedLocked = cancelWins+c, expireWins+e, skippedLocked+s
 		t.Logf("round %d: cancel won %d, expirer won %d, rows skipped locked %d", round, c, e, s)
 	}
-	require.Positive(t, cancelWins, "a cancel won a purchase in %d rounds", raceRoundsMax)
-	require.Positive(t, expireWins, "the expirer won a purchase in %d rounds", raceRoundsMax)
+	require.Positive(t, cancelWins, "no cancel won a purchase in %d rounds: the race never happened", raceRoundsMax)
+	require.Positive(t, expireWins, "the expirer won no purchase in %d rounds: the race never happened", raceRoundsMax)
 }
 
 // cancelRaceRound races four cancellers against expiry cycles over 300 due
