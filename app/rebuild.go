@@ -75,7 +75,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	stop := showProgress(ctx, "rebuild", rb.Live, log)
 	st, err := rb.Run(ctx)
 	stop()
-	c := bounded.Counts{Read: st.Read, Matched: st.Read, Replayed: st.Applied, Skipped: st.Skipped}
+	c := bounded.Counts{Read: st.Read, Matched: st.Read, Replayed: st.Applied, Skipped: st.Skipped, Duplicates: st.Duplicates}
 	fmt.Fprintf(os.Stdout, "rebuild %s %s: %s\n", st.ID, st.State, c.Summary(time.Since(start)))
 	return err
 }

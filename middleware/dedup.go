@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -48,6 +49,25 @@ func (c DedupConfig) skipped(msg *message.Message, key string) {
 		"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "key", key)
 	if c.OnDuplicate != nil {
 		c.OnDuplicate(msg)
+	}
+}
+
+// duplicateReportKey is the context key of WithDuplicateReport.
+type duplicateReportKey struct{}
+
+// WithDuplicateReport returns a context for a message and a function that
+// tells, once the chain returned, whether GroupCommit acked that message as a
+// duplicate: a caller that runs records through the chain itself (the
+// projection rebuild) counts duplicates apart from the records it applied.
+func WithDuplicateReport(ctx context.Context) (context.Context, func() bool) {
+	seen := new(atomic.Bool)
+	return context.WithValue(ctx, duplicateReportKey{}, seen), seen.Load
+}
+
+// reportDuplicate marks the report of ctx, if it has one.
+func reportDuplicate(ctx context.Context) {
+	if seen, ok := ctx.Value(duplicateReportKey{}).(*atomic.Bool); ok {
+		seen.Store(true)
 	}
 }
 

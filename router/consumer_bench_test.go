@@ -3,18 +3,22 @@ package router_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
@@ -32,42 +36,75 @@ func consumerPartitions() []int {
 	return []int{6, 12, 24, 48, 96}
 }
 
+// perEventWorkers are the concurrencies the per-event baseline tries; it
+// reports its best. One worker reached less than half the best in a trial.
+var perEventWorkers = []int{2, 4, 8, 16, 32}
+
 // BenchmarkConsumer measures the Promotion Boost consumer end to end (Kafka
-// topic → chain → group commit → PostgreSQL) against a raw baseline of the
-// one-statement delta design straight to PostgreSQL: per event one
-// transaction with its dedup key and boost.Apply's prepared statements (lock,
-// card row locks, one statement for contributions and card deltas). The
-// consumer reads a topic of N partitions and the baseline runs N workers;
-// each reports events/s of both sides and their ratio (target >= 0.8), and
-// logs the consumer's mean events per transaction.
+// topic of N partitions → chain → group commit → PostgreSQL) against two
+// baselines straight to PostgreSQL, each on a database of its own with the
+// same cards and events, in the same run:
+//
+//   - batched: the consumer's transaction without Kafka and middleware. The
+//     events in batches of exactly the sizes the consumer formed (recorded
+//     from its group commit's OnBatch), each batch one transaction with its
+//     dedup keys and boost.Prepared.ApplyBatch, from as many workers as the
+//     consumer runs transactions (middleware.GroupCommitWorkersDefault).
+//     consumer/batched is the cost of Kafka, the chain and the group commit.
+//   - per-event: one transaction per event with its dedup key and
+//     boost.Prepared.Apply, at each concurrency of perEventWorkers; the best
+//     counts. consumer/per-event is what the group commit gains.
+//
+// The order alternates between partition counts (and runs): per-event,
+// consumer, batched; then consumer, batched, per-event. The batched side
+// always follows the consumer whose batch sizes it replays; the consumer is
+// stopped before any other side runs. It reports the events/s of each side,
+// both ratios, the per-event side's best concurrency and the consumer's mean
+// events per transaction, and checks that every side ends in the same state.
 func BenchmarkConsumer(b *testing.B) {
 	withoutSpanRecording(b)
-	for _, partitions := range consumerPartitions() {
+	for k, partitions := range consumerPartitions() {
 		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
-			var rawSecs, consumerSecs float64
-			for range b.N {
-				raw := newConsumerBench(b, partitions)
-				start := time.Now()
-				raw.applyRaw(b, partitions)
-				rawSecs += time.Since(start).Seconds()
-
-				kc := newConsumerBench(b, partitions)
-				kc.c.Cfg.Topic = kafkatest.Topic(b, int32(partitions))
-				for i := 0; i < len(kc.msgs); i += 500 {
-					require.NoError(b, kc.c.Pub.Publish(kc.c.Cfg.Topic, kc.msgs[i:min(i+500, len(kc.msgs))]...))
+			var consumer, batched throughput
+			var perEventRate float64
+			perEventBest := 0
+			for i := range b.N {
+				var state *consumerBench
+				perEvent := func() {
+					for _, w := range perEventWorkers {
+						cb := newConsumerBench(b, w)
+						secs := timed(func() { cb.applyPerEvent(b, w) })
+						rate := float64(consumerEvents()) / secs
+						b.Logf("per-event with %d workers: %.0f events/s", w, rate)
+						if rate > perEventRate {
+							perEventRate, perEventBest = rate, w
+						}
+						state = state.same(b, cb)
+					}
 				}
-				start = time.Now()
-				kc.c.Start(b)
-				kc.c.WaitConsumed(b, float64(consumerEvents()), 5*time.Minute)
-				consumerSecs += time.Since(start).Seconds()
-				b.Logf("events per consumer transaction: %s", histogramMean(b, kc.c.Metrics.BatchSize))
-				require.Equal(b, raw.c.CardBoosts(b), rebased(kc.c.CardBoosts(b), kc.ids, raw.ids), "both sides end in the same state")
+				if (k+i)%2 == 0 {
+					perEvent()
+				}
+				kc := newConsumerBench(b, partitions)
+				sizes := kc.consume(b, partitions, &consumer)
+				state = state.same(b, kc)
+				b.Logf("events per consumer transaction: mean %.1f over %d transactions (%d partitions)",
+					float64(sum(sizes))/float64(len(sizes)), len(sizes), partitions)
+
+				bc := newConsumerBench(b, middleware.GroupCommitWorkersDefault)
+				batched.add(len(bc.evs), timed(func() { bc.applyBatched(b, sizes, middleware.GroupCommitWorkersDefault) }))
+				state = state.same(b, bc)
+				if (k+i)%2 == 1 {
+					perEvent()
+				}
 			}
-			rawRate := float64(consumerEvents()*b.N) / rawSecs
-			consumerRate := float64(consumerEvents()*b.N) / consumerSecs
-			b.ReportMetric(rawRate, "raw-events/s")
+			consumerRate, batchedRate := consumer.rate(), batched.rate()
 			b.ReportMetric(consumerRate, "consumer-events/s")
-			b.ReportMetric(consumerRate/rawRate, "ratio")
+			b.ReportMetric(batchedRate, "batched-events/s")
+			b.ReportMetric(perEventRate, "per-event-events/s")
+			b.ReportMetric(float64(perEventBest), "per-event-workers")
+			b.ReportMetric(consumerRate/batchedRate, "ratio-vs-batched")
+			b.ReportMetric(consumerRate/perEventRate, "ratio-vs-per-event")
 		})
 	}
 }
@@ -108,24 +145,127 @@ func newConsumerBench(b *testing.B, workers int) *consumerBench {
 	return cb
 }
 
-// applyRaw is the baseline: the same statements (prepared, as the consumer
-// runs them) with no Kafka and no middleware, one transaction per event, from
-// workers goroutines.
-func (cb *consumerBench) applyRaw(b *testing.B, workers int) {
+// throughput sums the events and seconds of a side's runs.
+type throughput struct {
+	events int
+	secs   float64
+}
+
+func (t *throughput) add(events int, secs float64) { t.events, t.secs = t.events+events, t.secs+secs }
+
+func (t throughput) rate() float64 { return float64(t.events) / t.secs }
+
+// consume publishes the events to a topic of partitions partitions, runs the
+// catalog router until it consumed them all, stops it, adds to tp the events
+// it handled after its first one and the time they took (the consumer-group
+// join before the first event is left out: a one-time cost of a start), and
+// returns the size of every transaction its group commit ran, in order.
+func (cb *consumerBench) consume(b *testing.B, partitions int, tp *throughput) (sizes []int) {
+	cb.c.Cfg.Topic = kafkatest.Topic(b, int32(partitions))
+	for i := 0; i < len(cb.msgs); i += 500 {
+		require.NoError(b, cb.c.Pub.Publish(cb.c.Cfg.Topic, cb.msgs[i:min(i+500, len(cb.msgs))]...))
+	}
+	m, err := router.NewCatalogMetrics(prometheus.NewRegistry())
+	require.NoError(b, err)
+	rec := &sizeRecorder{Histogram: m.BatchSize}
+	m.BatchSize = rec // the group commit's OnBatch observes each transaction's size here
+	cb.c.Metrics = m
+	stop := cb.c.Start(b)
+	require.Eventually(b, func() bool { return cb.c.Consumed() > 0 }, time.Minute, time.Millisecond, "the consumer took no event")
+	first := cb.c.Consumed()
+	secs := timed(func() { cb.c.WaitConsumed(b, float64(len(cb.evs)), 5*time.Minute) })
+	stop()
+	tp.add(len(cb.evs)-int(first), secs)
+	return rec.all()
+}
+
+// sizeRecorder keeps every value observed, in order, besides the histogram.
+type sizeRecorder struct {
+	prometheus.Histogram
+	mu     sync.Mutex
+	values []int
+}
+
+func (r *sizeRecorder) Observe(v float64) {
+	r.mu.Lock()
+	r.values = append(r.values, int(v))
+	r.mu.Unlock()
+	r.Histogram.Observe(v)
+}
+
+func (r *sizeRecorder) all() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.values)
+}
+
+// applyBatched is the batched baseline: the events in consecutive batches of
+// sizes (repeated if they sum to less), each batch one transaction of its
+// dedup keys and ApplyBatch, taken in order by workers goroutines.
+func (cb *consumerBench) applyBatched(b *testing.B, sizes []int, workers int) {
+	ctx := context.Background()
+	applier, err := boost.Prepare(ctx, cb.c.DB)
+	require.NoError(b, err)
+	defer applier.Close()
+	var batches [][2]int // [from, to) of cb.evs
+	for from, i := 0, 0; from < len(cb.evs); i++ {
+		to := min(from+sizes[i%len(sizes)], len(cb.evs))
+		batches = append(batches, [2]int{from, to})
+		from = to
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for n := next.Add(1) - 1; n < int64(len(batches)); n = next.Add(1) - 1 {
+				if err := cb.commitBatch(ctx, applier, batches[n][0], batches[n][1]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// commitBatch runs the events [from, to) in one transaction, as the group
+// commit does: their dedup keys by one statement in key order, then ApplyBatch.
+func (cb *consumerBench) commitBatch(ctx context.Context, applier *boost.Prepared, from, to int) error {
+	keys := make([]string, 0, to-from)
+	for _, msg := range cb.msgs[from:to] {
+		keys = append(keys, middleware.DedupKeyPrefixDefault+msg.UUID)
+	}
+	slices.Sort(keys)
+	tx, err := cb.c.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after commit
+	if _, err := tx.ExecContext(ctx, `INSERT INTO catalog.processed_messages (key)
+		SELECT k FROM unnest($1::text[]) AS k ORDER BY k ON CONFLICT (key) DO NOTHING`, pq.Array(keys)); err != nil {
+		return err
+	}
+	if _, err := applier.ApplyBatch(ctx, tx, cb.evs[from:to]); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// applyPerEvent is the per-event baseline: the same prepared statements, one
+// transaction per event with its dedup key, from workers goroutines.
+func (cb *consumerBench) applyPerEvent(b *testing.B, workers int) {
 	ctx := context.Background()
 	applier, err := boost.Prepare(ctx, cb.c.DB)
 	require.NoError(b, err)
 	defer applier.Close()
 	var wg sync.WaitGroup
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < len(cb.evs); i += workers {
 				tx, err := cb.c.DB.BeginTxx(ctx, nil)
 				if err == nil {
 					_, err = tx.ExecContext(ctx, `INSERT INTO catalog.processed_messages (key) VALUES ($1)`,
-						"catalog-promotion:purchase-changed:"+cb.msgs[i].UUID)
+						middleware.DedupKeyPrefixDefault+cb.msgs[i].UUID)
 				}
 				if err == nil {
 					_, err = applier.Apply(ctx, tx, cb.evs[i])
@@ -138,9 +278,19 @@ func (cb *consumerBench) applyRaw(b *testing.B, workers int) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
+}
+
+// same checks that cb's cards end as the reference's (the first side run,
+// by card position), and returns the reference.
+func (ref *consumerBench) same(b *testing.B, cb *consumerBench) *consumerBench {
+	if ref == nil {
+		return cb
+	}
+	require.Equal(b, ref.c.CardBoosts(b), rebased(cb.c.CardBoosts(b), cb.ids, ref.ids), "every side ends in the same state")
+	return ref
 }
 
 // rebased maps boosts of one bench's cards onto the other's ids by position.
@@ -152,8 +302,16 @@ func rebased(boosts map[uuid.UUID]int, from, to []uuid.UUID) map[uuid.UUID]int {
 	return out
 }
 
-func histogramMean(b *testing.B, h prometheus.Histogram) string {
-	var m dto.Metric
-	require.NoError(b, h.Write(&m))
-	return fmt.Sprintf("mean %.1f over %d transactions", m.Histogram.GetSampleSum()/float64(m.Histogram.GetSampleCount()), m.Histogram.GetSampleCount())
+func timed(f func()) float64 {
+	start := time.Now()
+	f()
+	return time.Since(start).Seconds()
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
 }

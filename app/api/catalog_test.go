@@ -81,7 +81,7 @@ func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond)
 	done := b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body
 	require.Equal(t, r.Body["id"], done["id"])
-	for _, field := range []string{"offsetsDone", "offsetsTotal", "read", "applied", "skipped"} {
+	for _, field := range []string{"offsetsDone", "offsetsTotal", "read", "applied", "duplicates", "skipped"} {
 		require.Contains(t, done, field, "the status reports progress")
 	}
 }

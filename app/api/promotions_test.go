@@ -267,47 +267,62 @@ func TestAPI_CancelMovesActiveToCancelledOnce(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, b.do(t, "POST", "/promotions/"+uuid.NewString()+"/cancel", "token-a", nil).Status)
 }
 
+// TestAPI_CancelRacingTheExpirerEndsInOneTerminalTransition: a manager
+// cancels due purchases through the API, newest first, while expiry cycles
+// take them oldest first, so that the two meet. Whoever wins a purchase, it
+// has one terminal transition and one terminal event, and the cancel answers
+// 200 exactly when it won. Rounds of fresh purchases run until each side won
+// at least once (at most raceRounds), so that the race really happened.
 func TestAPI_CancelRacingTheExpirerEndsInOneTerminalTransition(t *testing.T) {
 	b := setup(t)
+	exp, err := expire.New(b.db, expire.Config{BatchSize: 5}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	const raceRounds = 10
+	var cancelWins, expireWins int
+	for round := 0; round < raceRounds && (cancelWins == 0 || expireWins == 0); round++ {
+		c, e := b.cancelRaceRound(t, exp)
+		cancelWins, expireWins = cancelWins+c, expireWins+e
+		t.Logf("round %d: cancel won %d, expirer won %d", round, c, e)
+	}
+	require.Positive(t, cancelWins, "no cancel won a purchase in %d rounds: the race never happened", raceRounds)
+	require.Positive(t, expireWins, "the expirer won no purchase in %d rounds: the race never happened", raceRounds)
+}
+
+// cancelRaceRound creates 60 purchases that are due already, races their
+// cancels against expiry cycles, checks each purchase, and returns how many
+// each side won.
+func (b apiBundle) cancelRaceRound(t *testing.T, exp *expire.Expirer) (cancelWins, expireWins int) {
+	t.Helper()
 	const n = 60
 	ids := make([]string, n)
 	for i := range ids {
 		body := validBody()
 		body["StartsAt"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
-		body["EndsAt"] = time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
-		ids[i] = b.do(t, "POST", "/promotions", "token-a", body).Body["Id"].(string)
+		body["EndsAt"] = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+		r := b.do(t, "POST", "/promotions", "token-a", body)
+		require.Equal(t, http.StatusCreated, r.Status, r.Body)
+		ids[i] = r.Body["Id"].(string)
 	}
-	exp, err := expire.New(b.db, expire.Config{BatchSize: 5}, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	// EndsAt passes while the cancels run, so both sides compete for the rows.
 
 	var wg sync.WaitGroup
 	codes := make([]int, n)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for i, id := range ids {
-			codes[i] = b.do(t, "POST", "/promotions/"+id+"/cancel", "token-a", nil).Status
+	wg.Go(func() {
+		for i := n - 1; i >= 0; i-- {
+			codes[i] = b.do(t, "POST", "/promotions/"+ids[i]+"/cancel", "token-a", nil).Status
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
+	})
+	wg.Go(func() {
+		for range 100 {
 			res, err := exp.RunCycle(context.Background())
 			if err != nil {
 				t.Errorf("cycle: %v", err)
 				return
 			}
-			if res.Backlog == 0 {
-				var active int
-				_ = b.db.Get(&active, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active'`)
-				if active == 0 {
-					return
-				}
+			if res.Backlog == 0 && res.SkippedLockedCount == 0 {
+				return
 			}
 		}
-	}()
+	})
 	wg.Wait()
 
 	events := map[string][]event.PurchaseChanged{}
@@ -323,9 +338,12 @@ func TestAPI_CancelRacingTheExpirerEndsInOneTerminalTransition(t *testing.T) {
 		require.Equal(t, status, string(events[id][1].Status))
 		if codes[i] == http.StatusOK {
 			require.Equal(t, "Cancelled", status)
+			cancelWins++
 		} else {
 			require.Equal(t, http.StatusConflict, codes[i], fmt.Sprintf("cancel of %s", id))
 			require.Equal(t, "Expired", status)
+			expireWins++
 		}
 	}
+	return cancelWins, expireWins
 }

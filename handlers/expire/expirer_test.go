@@ -220,19 +220,40 @@ func TestExpirer_ParallelInstancesExpireEachPurchaseOnceWithOneEvent(t *testing.
 	}
 }
 
+// raceRoundsMax bounds the rounds a race test runs until both sides won.
+const raceRoundsMax = 10
+
+// TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent: managers
+// cancel due purchases while cycles expire them. Whoever wins, each purchase
+// ends with one terminal transition and one event. Rounds of fresh purchases
+// run until each side won at least one purchase (at most raceRoundsMax), so
+// that the race really happened.
 func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) {
 	b := setup(t, expire.Config{BatchSize: 20})
+	svc := purchasetest.NewService(t, b.db, "")
+	var cancelWins, expireWins, skippedLocked int
+	for round := 0; round < raceRoundsMax && (cancelWins == 0 || expireWins == 0); round++ {
+		c, e, s := cancelRaceRound(t, b, svc)
+		cancelWins, expireWins, skippedLocked = cancelWins+c, expireWins+e, skippedLocked+s
+		t.Logf("round %d: cancel won %d, expirer won %d, rows skipped locked %d", round, c, e, s)
+	}
+	require.Positive(t, cancelWins, "no cancel won a purchase in %d rounds: the race never happened", raceRoundsMax)
+	require.Positive(t, expireWins, "the expirer won no purchase in %d rounds: the race never happened", raceRoundsMax)
+}
+
+// cancelRaceRound races four cancellers against expiry cycles over 300 due
+// purchases of a new tenant, checks every purchase's outcome, and returns how
+// many each side won and how many rows the cycles skipped locked.
+func cancelRaceRound(t *testing.T, b bundle, svc *purchase.Service) (cancelWins, expireWins, skippedLocked int) {
+	t.Helper()
 	due := purchasetest.SeedActive(t, b.db, 300, time.Now().Add(-time.Minute))
 	var tenant uuid.UUID
-	require.NoError(t, b.db.Get(&tenant, `SELECT tenant_id FROM promotion.promotion_purchases LIMIT 1`))
-	svc := purchasetest.NewService(t, b.db, "")
+	require.NoError(t, b.db.Get(&tenant, `SELECT tenant_id FROM promotion.promotion_purchases WHERE id = $1`, due[0]))
 
 	var wg sync.WaitGroup
 	cancelled := make(chan uuid.UUID, len(due))
 	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < len(due); i += 4 {
 				_, err := svc.Cancel(context.Background(), tenant, due[i], "test")
 				if err == nil {
@@ -241,18 +262,20 @@ func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) 
 					assertNoError(t, err)
 				}
 			}
-		}()
+		})
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for range 20 {
 			res, err := b.exp.RunCycle(context.Background())
-			if !assertNoError(t, err) || res.Backlog == 0 {
+			if !assertNoError(t, err) {
+				return
+			}
+			skippedLocked += res.SkippedLockedCount
+			if res.Backlog == 0 {
 				return
 			}
 		}
-	}()
+	})
 	wg.Wait()
 	close(cancelled)
 	wonByCancel := map[uuid.UUID]bool{}
@@ -269,7 +292,13 @@ func TestExpirer_CancelRaceEndsInOneTerminalTransitionAndOneEvent(t *testing.T) 
 		require.Len(t, events[id], 1, "%s has exactly one event", id)
 		require.Equal(t, st.Status, events[id][0].Status)
 		require.Equal(t, wonByCancel[id], st.Status == event.StatusCancelled)
+		if wonByCancel[id] {
+			cancelWins++
+		} else {
+			expireWins++
+		}
 	}
+	return cancelWins, expireWins, skippedLocked
 }
 
 func TestExpirer_RowHeldByCancelIsSkippedLocked(t *testing.T) {

@@ -22,6 +22,9 @@ type Progress struct {
 	Parked atomic.Int64
 	// Skipped counts records that could not be used (they failed for good).
 	Skipped atomic.Int64
+	// Duplicates counts records acked as duplicates of one applied already
+	// (rebuild: the live consumer applied it after the reset).
+	Duplicates atomic.Int64
 }
 
 // Plan sets the total offsets of ranges.
@@ -60,6 +63,7 @@ type Counts struct {
 	Replayed     int64 `json:"replayed"`
 	Parked       int64 `json:"parked"`
 	Skipped      int64 `json:"skipped"`
+	Duplicates   int64 `json:"duplicates"`
 }
 
 // Snapshot reads every counter.
@@ -67,12 +71,12 @@ func (p *Progress) Snapshot() Counts {
 	return Counts{
 		OffsetsDone: p.done.Load(), OffsetsTotal: p.total.Load(),
 		Read: p.Read.Load(), Matched: p.Matched.Load(), Replayed: p.Replayed.Load(),
-		Parked: p.Parked.Load(), Skipped: p.Skipped.Load(),
+		Parked: p.Parked.Load(), Skipped: p.Skipped.Load(), Duplicates: p.Duplicates.Load(),
 	}
 }
 
 // Summary is the one-line account every bounded command ends with.
 func (c Counts) Summary(took time.Duration) string {
-	return fmt.Sprintf("read %d, matched %d, replayed %d, parked %d, skipped %d, duration %s",
-		c.Read, c.Matched, c.Replayed, c.Parked, c.Skipped, took.Round(time.Millisecond))
+	return fmt.Sprintf("read %d, matched %d, replayed %d, parked %d, skipped %d, duplicates %d, duration %s",
+		c.Read, c.Matched, c.Replayed, c.Parked, c.Skipped, c.Duplicates, took.Round(time.Millisecond))
 }

@@ -7,6 +7,7 @@ package catalogtest
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,16 +63,19 @@ func New(t testing.TB, enabled bool) *Bundle {
 	return b
 }
 
-// Start runs the catalog router until the test ends.
-func (b *Bundle) Start(t testing.TB) {
+// Start runs the catalog router until the test ends, or until the returned
+// stop is called. It uses b.Metrics when set (a test may wrap one of them).
+func (b *Bundle) Start(t testing.TB) (stop func()) {
 	t.Helper()
-	m, err := router.NewCatalogMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
-	b.Metrics = m
-	c, err := router.NewCatalog(b.DB, m, slog.New(slog.DiscardHandler), b.Cfg)
+	if b.Metrics == nil {
+		m, err := router.NewCatalogMetrics(prometheus.NewRegistry())
+		require.NoError(t, err)
+		b.Metrics = m
+	}
+	c, err := router.NewCatalog(b.DB, b.Metrics, slog.New(slog.DiscardHandler), b.Cfg)
 	require.NoError(t, err)
 	b.Catalog = c
-	RunUntilCleanup(t, c.Run, c.Ready)
+	return RunUntilCleanup(t, c.Run, c.Ready)
 }
 
 // Produce publishes ev to the purchase topic as the relay would and returns its message.
@@ -206,20 +210,25 @@ func PartitionSizes(t testing.TB, topic string) map[int32]int64 {
 }
 
 // RunUntilCleanup runs a router until the test ends, after it is ready, and
-// checks that it stops cleanly.
-func RunUntilCleanup(t testing.TB, run func(context.Context) error, ready func() bool) {
+// checks that it stops cleanly. The returned stop stops it before the end.
+func RunUntilCleanup(t testing.TB, run func(context.Context) error, ready func() bool) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(45 * time.Second):
-			t.Error("router did not stop within 45s")
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(45 * time.Second):
+				t.Error("router did not stop within 45s")
+			}
+		})
+	}
+	t.Cleanup(stop)
 	require.Eventually(t, ready, 30*time.Second, 10*time.Millisecond, "router did not start")
+	return stop
 }

@@ -2,8 +2,12 @@ package rebuild
 
 import "context"
 
-// SetHooks sets the test seams: afterCheck runs after the topic check and
-// before the reset, beforeReplay after the end offsets were read.
-func (r *Rebuilder) SetHooks(afterCheck, beforeReplay func(context.Context) error) {
-	r.afterCheck, r.beforeReplay = afterCheck, beforeReplay
+// Hooks are the rebuild's test seams (see hooks).
+type Hooks struct {
+	AfterCheck, InReset, BeforeReplay func(context.Context) error
+}
+
+// SetHooks sets the test seams.
+func (r *Rebuilder) SetHooks(h Hooks) {
+	r.hooks = hooks{afterCheck: h.AfterCheck, inReset: h.InReset, beforeReplay: h.BeforeReplay}
 }

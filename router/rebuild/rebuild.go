@@ -38,8 +38,18 @@ type Rebuilder struct {
 	mu  sync.Mutex
 	cur *run // this process's rebuild, while it runs
 
-	// Test seams, run after the topic check and before the replay.
-	afterCheck, beforeReplay func(context.Context) error
+	hooks hooks
+}
+
+// hooks are test seams; each runs, when set, at its point of a rebuild.
+type hooks struct {
+	// afterCheck runs after the topic check, before the reset.
+	afterCheck func(context.Context) error
+	// inReset runs inside the reset's transaction, after the reset and
+	// before the commit, while the reset holds the projection's locks.
+	inReset func(context.Context) error
+	// beforeReplay runs after the end offsets were read.
+	beforeReplay func(context.Context) error
 }
 
 type run struct {
@@ -69,7 +79,8 @@ func (r *Rebuilder) Status(ctx context.Context) (Status, error) {
 	defer r.mu.Unlock()
 	if r.cur != nil && r.cur.id == st.ID && st.State == StateRunning {
 		c := r.cur.progress.Snapshot()
-		st.OffsetsDone, st.OffsetsTotal, st.Read, st.Applied, st.Skipped = c.OffsetsDone, c.OffsetsTotal, c.Read, c.Replayed, c.Skipped
+		st.OffsetsDone, st.OffsetsTotal, st.Read, st.Applied, st.Duplicates, st.Skipped = c.OffsetsDone, c.OffsetsTotal,
+			c.Read, c.Replayed, c.Duplicates, c.Skipped
 	}
 	return st, nil
 }
@@ -160,7 +171,7 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 	if err := check(client, r.cfg.Topic); err != nil {
 		return err
 	}
-	if err := r.hook(ctx, r.afterCheck); err != nil {
+	if err := r.hook(ctx, r.hooks.afterCheck); err != nil {
 		return err
 	}
 	if err := r.reset(ctx); err != nil {
@@ -179,7 +190,7 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 		ranges[i] = p.Whole()
 	}
 	cur.progress.Plan(ranges)
-	if err := r.hook(ctx, r.beforeReplay); err != nil {
+	if err := r.hook(ctx, r.hooks.beforeReplay); err != nil {
 		return err
 	}
 	return client.Read(ctx, ranges, r.apply(&cur.progress, log), &cur.progress)
@@ -205,6 +216,9 @@ func (r *Rebuilder) reset(ctx context.Context) error {
 	if err := middleware.ResetDedupTx(ctx, tx, middleware.DedupKeyPrefixDefault); err != nil {
 		return err
 	}
+	if err := r.hook(ctx, r.hooks.inReset); err != nil {
+		return err
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit reset: %w", err)
 	}
@@ -212,7 +226,9 @@ func (r *Rebuilder) reset(ctx context.Context) error {
 }
 
 // apply runs one record through the chain. A record that fails for good was
-// dead-lettered once already: the rebuild counts it and goes on.
+// dead-lettered once already: the rebuild counts it and goes on. A record the
+// chain acks as a duplicate (the live consumer applied it after the reset) is
+// counted apart from the applied ones.
 func (r *Rebuilder) apply(p *bounded.Progress, log *slog.Logger) bounded.Handler {
 	return func(ctx context.Context, rec *sarama.ConsumerMessage) error {
 		p.Read.Add(1)
@@ -222,7 +238,8 @@ func (r *Rebuilder) apply(p *bounded.Progress, log *slog.Logger) bounded.Handler
 			return fmt.Errorf("unmarshal %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 		}
 		// The record's key, which the consumer checks against its PurchaseId.
-		msg.SetContext(kafkakit.WithKey(ctx, rec.Key))
+		ctx, duplicate := middleware.WithDuplicateReport(kafkakit.WithKey(ctx, rec.Key))
+		msg.SetContext(ctx)
 		_, err = r.cfg.Chain(msg)
 		var perm *middleware.Permanent
 		switch {
@@ -233,8 +250,11 @@ func (r *Rebuilder) apply(p *bounded.Progress, log *slog.Logger) bounded.Handler
 			return nil
 		case err != nil:
 			return fmt.Errorf("apply %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
+		case duplicate():
+			p.Duplicates.Add(1)
+		default:
+			p.Replayed.Add(1)
 		}
-		p.Replayed.Add(1)
 		return nil
 	}
 }
@@ -283,5 +303,5 @@ func (r *Rebuilder) finish(ctx context.Context, cur *run, err error) {
 		return
 	}
 	r.cfg.Log.Info("projection rebuild done", "rebuildId", cur.id, "offsetsTotal", c.OffsetsTotal,
-		"read", c.Read, "applied", c.Replayed, "skipped", c.Skipped)
+		"read", c.Read, "applied", c.Replayed, "duplicates", c.Duplicates, "skipped", c.Skipped)
 }

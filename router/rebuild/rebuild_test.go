@@ -8,10 +8,12 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/logtest"
+	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/rebuild"
@@ -39,45 +41,64 @@ func contributions(t *testing.T, b *catalogtest.Bundle) int {
 	return n
 }
 
-func TestCatalog_DeterministicReplayAfterRebuild(t *testing.T) {
-	b := setup(t)
-	projects := []uuid.UUID{uuid.New(), uuid.New()}
-	var objects []uuid.UUID
-	for _, p := range projects {
+// cards makes two project cards with three objects each (the third
+// unpublished) and returns them.
+func cards(t *testing.T, b *catalogtest.Bundle) (projects, objects []uuid.UUID) {
+	t.Helper()
+	for range 2 {
+		p := uuid.New()
 		b.ProjectCard(t, p)
-		for range 3 {
+		projects = append(projects, p)
+		for i := range 3 {
 			o := uuid.New()
-			b.ObjectCard(t, o, p, true)
+			b.ObjectCard(t, o, p, i < 2)
 			objects = append(objects, o)
 		}
 	}
-	b.Start(t)
+	return projects, objects
+}
 
-	// A history with activations, removals, duplicates and stale snapshots.
-	produced := 0
+// TestCatalog_DeterministicReplayAfterRebuild: a history with activations,
+// removals, stale snapshots and redelivered records; the projection is
+// corrupted, then rebuilt. The result must equal the model of the events
+// sent, with every dedup mark stored anew and the redeliveries counted as
+// duplicates, not as applied.
+func TestCatalog_DeterministicReplayAfterRebuild(t *testing.T) {
+	b := setup(t)
+	projects, objects := cards(t, b)
+	b.Start(t)
+	h := &history{}
+	redelivered := 0
 	for i := range 12 {
 		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i, catalogtest.Target(event.TargetProject, projects[i%2]),
 			catalogtest.Target(event.TargetPropertyObject, objects[i%len(objects)]))
-		b.Produce(t, ev)
-		produced++
+		msg := h.produce(t, b, ev)
+		if i%4 == 1 {
+			h.redeliver(t, b, msg, ev)
+			redelivered++
+		}
 		if i%3 == 0 {
-			ev.Status, ev.Version = event.StatusExpired, 2
-			b.Produce(t, ev)
-			ev.Status, ev.Version = event.StatusActive, 1 // stale
-			b.Produce(t, ev)
-			produced += 2
+			removed := ev
+			removed.Status, removed.Version = []event.Status{event.StatusExpired, event.StatusCancelled}[i%2], 2
+			h.produce(t, b, removed)
+			h.produce(t, b, ev) // a stale snapshot after the removal
 		}
 	}
-	b.WaitConsumed(t, float64(produced), 30*time.Second)
-	before := b.CardBoosts(t)
+	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+	corrupt(t, b, h)
 
+	start := dbNow(t, b)
 	st, err := newRebuilder(t, b).Run(context.Background())
+
 	require.NoError(t, err)
 	require.Equal(t, rebuild.StateDone, st.State)
-	require.EqualValues(t, produced, st.Read)
 	require.Equal(t, st.OffsetsTotal, st.OffsetsDone)
-	require.Equal(t, before, b.CardBoosts(t), "the rebuild restores every boost exactly")
-	require.NotEmpty(t, before)
+	require.EqualValues(t, h.sent(), st.Read)
+	require.EqualValues(t, redelivered, st.Duplicates, "each redelivered record is a duplicate of its first delivery")
+	require.EqualValues(t, h.sent()-redelivered, st.Applied, "applied counts the records that were not duplicates")
+	require.Zero(t, st.Skipped)
+	requireModel(t, b, h, "after the rebuild")
+	requireDedupReset(t, b, h, start)
 }
 
 // TestRebuild_EventAppliedDuringStartIsNotLost: the live consumer applies an
@@ -88,30 +109,117 @@ func TestRebuild_EventAppliedDuringStartIsNotLost(t *testing.T) {
 	project := uuid.New()
 	b.ProjectCard(t, project)
 	b.Start(t)
+	h := &history{}
 	ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 10, catalogtest.Target(event.TargetProject, project))
-	b.Produce(t, ev)
+	h.produce(t, b, ev)
 	b.WaitBoost(t, event.TargetProject, project, 10)
+	corrupt(t, b, h)
 
 	rb := newRebuilder(t, b)
-	rb.SetHooks(func(context.Context) error {
+	rb.SetHooks(rebuild.Hooks{AfterCheck: func(context.Context) error {
 		ev.Status, ev.Version = event.StatusExpired, 2
-		b.Produce(t, ev)
-		b.WaitBoost(t, event.TargetProject, project, 0) // applied by the live consumer
+		h.produce(t, b, ev)
+		b.WaitConsumed(t, float64(h.sent()), 30*time.Second) // applied by the live consumer
 		return nil
-	}, nil)
+	}})
+	start := dbNow(t, b)
 	st, err := rb.Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, rebuild.StateDone, st.State)
 	require.EqualValues(t, 2, st.Read, "the replay reads the Expired v2 too")
-	require.Zero(t, b.BoostOf(event.TargetProject, project), "the card keeps no boost of the expired purchase")
-	var active int
-	require.NoError(t, b.DB.Get(&active, `SELECT count(*) FROM catalog.promotion_contributions WHERE active`))
-	require.Zero(t, active)
+	require.EqualValues(t, 2, st.Applied, "the reset forgot the v2's dedup mark, so the replay applies it again")
+	require.Zero(t, st.Duplicates)
+	requireModel(t, b, h, "after the rebuild")
+	requireDedupReset(t, b, h, start)
+}
+
+// TestRebuild_LiveEventsAroundTheResetKeepTheirEffect forces the overlaps of
+// live consumption with a rebuild through its hooks, on a corrupted
+// projection: a record applied live before the reset (the replay applies it
+// again), a record sent inside the reset's transaction (the live transaction
+// waits for the reset's locks, commits after it with its dedup mark, and the
+// replay counts the record as a duplicate), and records sent after the end
+// offsets were read (only the live consumer applies them; the replay's older
+// snapshot of the same purchase is stale). The end state must be the model
+// of every event sent.
+func TestRebuild_LiveEventsAroundTheResetKeepTheirEffect(t *testing.T) {
+	b := setup(t)
+	projects, objects := cards(t, b)
+	b.Start(t)
+	h := &history{}
+	var evs []event.PurchaseChanged
+	for i := range 8 {
+		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 3+i, catalogtest.Target(event.TargetProject, projects[i%2]),
+			catalogtest.Target(event.TargetPropertyObject, objects[i%len(objects)]))
+		h.produce(t, b, ev)
+		evs = append(evs, ev)
+	}
+	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+	corrupt(t, b, h)
+
+	var waitedForReset bool
+	rb := newRebuilder(t, b)
+	rb.SetHooks(rebuild.Hooks{
+		AfterCheck: func(context.Context) error {
+			ev := evs[0]
+			ev.Status, ev.Version = event.StatusExpired, 2
+			h.produce(t, b, ev)
+			b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+			return nil
+		},
+		InReset: func(context.Context) error {
+			msg := h.produce(t, b, catalogtest.PurchaseEvent(event.StatusActive, 1, 17,
+				catalogtest.Target(event.TargetProject, projects[1]), catalogtest.Target(event.TargetPropertyObject, objects[0])))
+			waitedForReset = waitLiveBlockedOrCommitted(t, b, msg.UUID)
+			return nil
+		},
+		BeforeReplay: func(context.Context) error {
+			ev := evs[1]
+			ev.Status, ev.Version = event.StatusCancelled, 2
+			h.produce(t, b, ev)
+			h.produce(t, b, catalogtest.PurchaseEvent(event.StatusActive, 1, 23,
+				catalogtest.Target(event.TargetPropertyObject, objects[1])))
+			b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+			return nil
+		},
+	})
+	start := dbNow(t, b)
+	st, err := rb.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, rebuild.StateDone, st.State)
+	waitConsumedAfter(t, b, h, st.Read)
+
+	assert.True(t, waitedForReset, "the live transaction of the record sent inside the reset waited for the reset's locks")
+	counts := summary(st.Read, st.Applied, st.Duplicates, st.Skipped)
+	assert.EqualValues(t, 10, st.Read, "the replay reads to the ends read after the reset: 8 + the one applied before "+
+		"the reset + the one sent inside it (%s)", counts)
+	assert.EqualValues(t, 1, st.Duplicates, "the record applied live inside the reset window is a duplicate of the replay (%s)", counts)
+	assert.EqualValues(t, st.Read-1, st.Applied, "applied counts the records that were not duplicates (%s)", counts)
+	requireModel(t, b, h, "after the rebuild and the live events")
+	requireDedupReset(t, b, h, start)
+}
+
+// waitLiveBlockedOrCommitted waits until a live transaction of the test's
+// database waits for a lock (true), or the record with MessageId id
+// committed without waiting (false).
+func waitLiveBlockedOrCommitted(t *testing.T, b *catalogtest.Bundle, id string) (blocked bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var committed bool
+		err := b.DB.Get(&blocked, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock')`)
+		if err == nil {
+			err = b.DB.Get(&committed, `SELECT EXISTS (SELECT FROM catalog.processed_messages WHERE key = $1)`,
+				middleware.DedupKeyPrefixDefault+id)
+		}
+		return err == nil && (blocked || committed)
+	}, 30*time.Second, 5*time.Millisecond, "the live consumer never took the record %s", id)
+	return blocked
 }
 
 // TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState: purchases are
-// created, expired and cancelled while the rebuild runs; once both are done,
-// every card's boost is the sum of the purchases whose latest event is Active.
+// created, expired and cancelled while the rebuild of a corrupted projection
+// runs; once both are done, the projection is the model of every event sent.
 func TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState(t *testing.T) {
 	b := setup(t)
 	projects := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
@@ -119,39 +227,35 @@ func TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState(t *testing.T) {
 		b.ProjectCard(t, p)
 	}
 	b.Start(t)
-	latest := map[uuid.UUID]event.PurchaseChanged{}
+	h := &history{}
 	produce := func(i int) {
 		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%7, catalogtest.Target(event.TargetProject, projects[i%3]))
-		b.Produce(t, ev)
+		h.produce(t, b, ev)
 		if i%2 == 0 {
 			ev.Version, ev.Status = 2, []event.Status{event.StatusExpired, event.StatusCancelled}[i%4/2]
-			b.Produce(t, ev)
+			h.produce(t, b, ev)
 		}
-		latest[ev.PurchaseId] = ev
 	}
 	for i := range 60 {
 		produce(i)
 	}
-	b.WaitConsumed(t, 90, 30*time.Second)
+	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+	corrupt(t, b, h)
 
 	rb := newRebuilder(t, b)
-	done := make(chan error, 1)
-	go func() { _, err := rb.Run(context.Background()); done <- err }()
+	done := make(chan rebuild.Status, 1)
+	go func() {
+		st, err := rb.Run(context.Background())
+		assert.NoError(t, err)
+		done <- st
+	}()
 	for i := 60; i < 180; i++ {
 		produce(i) // live traffic, before, during and after the reset
 	}
-	require.NoError(t, <-done)
-	b.WaitConsumed(t, 270, 30*time.Second)
-
-	want := map[uuid.UUID]int{}
-	for _, ev := range latest {
-		if ev.Status == event.StatusActive {
-			want[ev.Targets[0].TargetId] += ev.BoostWeight
-		}
-	}
-	for _, p := range projects {
-		b.WaitBoost(t, event.TargetProject, p, want[p])
-	}
+	st := <-done
+	require.Equal(t, rebuild.StateDone, st.State)
+	waitConsumedAfter(t, b, h, st.Read)
+	requireModel(t, b, h, "after the rebuild under live traffic")
 }
 
 func TestRebuild_RefusesTruncatedUncompactedTopic(t *testing.T) {
@@ -195,11 +299,11 @@ func TestRebuild_OffsetOutOfRangeIsAnErrorNotAPanic(t *testing.T) {
 	partition := partitionOf(t, b.Cfg.Topic)
 
 	rb := newRebuilder(t, b)
-	rb.SetHooks(nil, func(context.Context) error {
+	rb.SetHooks(rebuild.Hooks{BeforeReplay: func(context.Context) error {
 		// After the ranges were planned from offset 0: the records before 2 vanish.
 		deleteRecords(t, b.Cfg.Topic, partition, 2)
 		return nil
-	})
+	}})
 	var st rebuild.Status
 	var err error
 	require.NotPanics(t, func() { st, err = rb.Run(context.Background()) })
@@ -217,14 +321,14 @@ func TestRebuild_SecondRebuildWhileOneRunsIsRefused(t *testing.T) {
 	b.WaitConsumed(t, 1, 30*time.Second)
 	release := make(chan struct{})
 	first := newRebuilder(t, b)
-	first.SetHooks(nil, func(ctx context.Context) error {
+	first.SetHooks(rebuild.Hooks{BeforeReplay: func(ctx context.Context) error {
 		select {
 		case <-release:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	})
+	}})
 	started, err := first.Start(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, rebuild.StateRunning, started.State)
@@ -291,7 +395,7 @@ func TestRebuild_LeaseIsTheRunningRow(t *testing.T) {
 		Chain: b.Catalog.Chain, Log: logs.Logger()})
 	require.NoError(t, err)
 	t.Cleanup(taken.Stop)
-	taken.SetHooks(nil, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	taken.SetHooks(rebuild.Hooks{BeforeReplay: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }})
 	started, err := taken.Start(context.Background())
 	require.NoError(t, err)
 	_, err = b.DB.Exec(`UPDATE catalog.projection_rebuilds SET state = 'failed' WHERE id = $1`, started.ID)

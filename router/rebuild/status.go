@@ -33,15 +33,18 @@ type Status struct {
 	// OffsetsDone of OffsetsTotal offsets of the topic are replayed.
 	OffsetsDone  int64 `json:"offsetsDone" db:"offsets_done"`
 	OffsetsTotal int64 `json:"offsetsTotal" db:"offsets_total"`
-	// Read records, of which Applied went through the consumer chain and
-	// Skipped failed for good (a contract violation, dead-lettered already).
-	Read    int64  `json:"read" db:"read"`
-	Applied int64  `json:"applied" db:"applied"`
-	Skipped int64  `json:"skipped" db:"skipped"`
-	Error   string `json:"error,omitempty" db:"error"`
+	// Read records, of which Applied went through the consumer chain,
+	// Duplicates were acked as duplicates (the live consumer applied them
+	// after the reset, and their effect was kept), and Skipped failed for
+	// good (a contract violation, dead-lettered already).
+	Read       int64  `json:"read" db:"read"`
+	Applied    int64  `json:"applied" db:"applied"`
+	Duplicates int64  `json:"duplicates" db:"duplicates"`
+	Skipped    int64  `json:"skipped" db:"skipped"`
+	Error      string `json:"error,omitempty" db:"error"`
 }
 
-const statusColumns = `id, state, started_at, finished_at, updated_at, offsets_done, offsets_total, read, applied, skipped, error`
+const statusColumns = `id, state, started_at, finished_at, updated_at, offsets_done, offsets_total, read, applied, duplicates, skipped, error`
 
 // newest reads the newest rebuild. A running one whose progress is older than
 // staleAfter lost its process: it is reported failed.
@@ -67,8 +70,8 @@ func newest(ctx context.Context, db *sqlx.DB, staleAfter time.Duration) (Status,
 // the row is no longer running (another rebuild took over).
 func saveStatus(ctx context.Context, db *sqlx.DB, id string, state State, c bounded.Counts, finished *time.Time, errText string) error {
 	res, err := db.ExecContext(ctx, `UPDATE catalog.projection_rebuilds SET state = $2, finished_at = $3, updated_at = now(),
-		offsets_done = $4, offsets_total = $5, read = $6, applied = $7, skipped = $8, error = $9 WHERE id = $1 AND state = 'running'`,
-		id, state, finished, c.OffsetsDone, c.OffsetsTotal, c.Read, c.Replayed, c.Skipped, errText)
+		offsets_done = $4, offsets_total = $5, read = $6, applied = $7, skipped = $8, error = $9, duplicates = $10 WHERE id = $1 AND state = 'running'`,
+		id, state, finished, c.OffsetsDone, c.OffsetsTotal, c.Read, c.Replayed, c.Skipped, errText, c.Duplicates)
 	if err != nil {
 		return fmt.Errorf("record rebuild progress: %w", err)
 	}

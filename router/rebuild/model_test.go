@@ -1,0 +1,261 @@
+package rebuild_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/router/catalogtest"
+)
+
+// history is every record a test sent to the purchase topic, and the model of
+// the projection those records must produce: a fold in Go of the events,
+// independent of the consumer's SQL (per purchase the highest version wins;
+// a card's boost is the seed's formula over the winners).
+type history struct {
+	mu      sync.Mutex
+	records int
+	events  map[string]event.PurchaseChanged // by MessageId
+}
+
+// contribution is one row of catalog.promotion_contributions as the model
+// predicts it.
+type contribution struct {
+	PurchaseID uuid.UUID        `db:"purchase_id"`
+	Kind       event.TargetKind `db:"target_kind"`
+	TargetID   uuid.UUID        `db:"target_id"`
+	Weight     int              `db:"boost_weight"`
+	Status     event.Status     `db:"status"`
+	Version    int64            `db:"version"`
+	Active     bool             `db:"active"`
+}
+
+// produce sends ev as the relay would and records it.
+func (h *history) produce(t *testing.T, b *catalogtest.Bundle, ev event.PurchaseChanged) *message.Message {
+	t.Helper()
+	msg := b.Produce(t, ev)
+	h.add(msg.UUID, ev)
+	return msg
+}
+
+// redeliver sends msg (of ev) once more with its MessageId: a duplicate record.
+func (h *history) redeliver(t *testing.T, b *catalogtest.Bundle, msg *message.Message, ev event.PurchaseChanged) {
+	t.Helper()
+	require.NoError(t, b.Pub.Publish(b.Cfg.Topic, msg))
+	h.add(msg.UUID, ev)
+}
+
+func (h *history) add(id string, ev event.PurchaseChanged) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.events == nil {
+		h.events = map[string]event.PurchaseChanged{}
+	}
+	h.events[id] = ev
+	h.records++
+}
+
+// sent is how many records were sent, duplicates included.
+func (h *history) sent() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.records
+}
+
+// latest is each purchase's event of the highest version.
+func (h *history) latest() map[uuid.UUID]event.PurchaseChanged {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[uuid.UUID]event.PurchaseChanged{}
+	for _, ev := range h.events {
+		if cur, ok := out[ev.PurchaseId]; !ok || ev.Version > cur.Version {
+			out[ev.PurchaseId] = ev
+		}
+	}
+	return out
+}
+
+// dedupKeys are the dedup keys of every distinct MessageId sent.
+func (h *history) dedupKeys() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]string, 0, len(h.events))
+	for id := range h.events {
+		out = append(out, middleware.DedupKeyPrefixDefault+id)
+	}
+	return out
+}
+
+// contributions are the rows the replica must hold: one per purchase and
+// distinct card target, from the purchase's latest event.
+func (h *history) contributions() []contribution {
+	var out []contribution
+	for _, ev := range h.latest() {
+		seen := map[event.Target]bool{}
+		for _, tg := range ev.Targets {
+			if seen[tg] || tg.TargetKind == event.TargetPost {
+				continue
+			}
+			seen[tg] = true
+			out = append(out, contribution{PurchaseID: ev.PurchaseId, Kind: tg.TargetKind, TargetID: tg.TargetId,
+				Weight: ev.BoostWeight, Status: ev.Status, Version: ev.Version, Active: ev.Status == event.StatusActive})
+		}
+	}
+	return out
+}
+
+// boosts is the seed's formula over the latest events, for every card of b: a
+// project's boost is the sum of its active Project contributions; an
+// object's is the sum of its own plus, while published, its project's.
+func (h *history) boosts(t *testing.T, b *catalogtest.Bundle) map[uuid.UUID]int {
+	t.Helper()
+	sum := map[event.Target]int{}
+	for _, c := range h.contributions() {
+		if c.Active {
+			sum[event.Target{TargetKind: c.Kind, TargetId: c.TargetID}] += c.Weight
+		}
+	}
+	var projects []uuid.UUID
+	require.NoError(t, b.DB.Select(&projects, `SELECT id FROM catalog.project_cards`))
+	var objects []struct {
+		ID        uuid.UUID `db:"id"`
+		ProjectID uuid.UUID `db:"project_id"`
+		Published bool      `db:"published"`
+	}
+	require.NoError(t, b.DB.Select(&objects, `SELECT id, project_id, published FROM catalog.property_object_cards`))
+	want := map[uuid.UUID]int{}
+	for _, p := range projects {
+		want[p] = sum[catalogtest.Target(event.TargetProject, p)]
+	}
+	for _, o := range objects {
+		want[o.ID] = sum[catalogtest.Target(event.TargetPropertyObject, o.ID)]
+		if o.Published {
+			want[o.ID] += sum[catalogtest.Target(event.TargetProject, o.ProjectID)]
+		}
+	}
+	return want
+}
+
+// storedContributions reads the replica.
+func storedContributions(t *testing.T, b *catalogtest.Bundle) []contribution {
+	t.Helper()
+	var out []contribution
+	require.NoError(t, b.DB.Select(&out, `SELECT purchase_id, target_kind, target_id, boost_weight, status, version, active
+		FROM catalog.promotion_contributions`))
+	return out
+}
+
+// String is the row in one line, for failure messages.
+func (c contribution) String() string {
+	return fmt.Sprintf("purchase %s %s %s weight %d %s v%d", c.PurchaseID, c.Kind, c.TargetID, c.Weight, c.Status, c.Version)
+}
+
+// requireModel checks the replica and every card's boost against the model,
+// and lists every row and card that differs.
+func requireModel(t *testing.T, b *catalogtest.Bundle, h *history, what string) {
+	t.Helper()
+	if diff := modelDiff(t, b, h); len(diff) > 0 {
+		t.Fatalf("%s: the projection differs from the model of the events sent:\n\t%s", what, strings.Join(diff, "\n\t"))
+	}
+}
+
+// modelDiff lists, one line each, the replica rows and the card boosts that
+// differ from the model.
+func modelDiff(t *testing.T, b *catalogtest.Bundle, h *history) []string {
+	t.Helper()
+	var diff []string
+	want, have := map[contribution]bool{}, map[contribution]bool{}
+	for _, c := range h.contributions() {
+		want[c] = true
+	}
+	for _, c := range storedContributions(t, b) {
+		have[c] = true
+		if !want[c] {
+			diff = append(diff, "replica has a row the events do not give: "+c.String())
+		}
+	}
+	for c := range want {
+		if !have[c] {
+			diff = append(diff, "replica lacks: "+c.String())
+		}
+	}
+	boosts := b.CardBoosts(t)
+	for id, w := range h.boosts(t, b) {
+		if boosts[id] != w {
+			diff = append(diff, fmt.Sprintf("card %s: boost %d, the model's %d", id, boosts[id], w))
+		}
+	}
+	slices.Sort(diff)
+	return diff
+}
+
+// corrupt damages the projection as a lost write or a hand edit would: one
+// card's boost off, one active contribution gone, a bogus contribution and a
+// bogus dedup mark added. It checks that the projection no longer matches the
+// model, so that only a rebuild that resets can pass afterwards.
+func corrupt(t *testing.T, b *catalogtest.Bundle, h *history) {
+	t.Helper()
+	requireModel(t, b, h, "before the corruption")
+	exec := func(query string, args ...any) {
+		t.Helper()
+		res, err := b.DB.Exec(query, args...)
+		require.NoError(t, err, query)
+		n, err := res.RowsAffected()
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "corruption %q changes one row", query)
+	}
+	exec(`UPDATE catalog.project_cards SET promotion_boost = promotion_boost + 13
+		WHERE id = (SELECT id FROM catalog.project_cards ORDER BY id LIMIT 1)`)
+	exec(`DELETE FROM catalog.promotion_contributions
+		WHERE (purchase_id, target_kind, target_id) = (SELECT purchase_id, target_kind, target_id
+			FROM catalog.promotion_contributions WHERE active ORDER BY purchase_id LIMIT 1)`)
+	exec(`INSERT INTO catalog.promotion_contributions
+		(purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at)
+		SELECT $1, 'Project', id, 42, 'Active', 9, true, now() + interval '1 hour'
+		FROM catalog.project_cards ORDER BY id DESC LIMIT 1`, uuid.New())
+	exec(`INSERT INTO catalog.processed_messages (key) VALUES ($1)`, middleware.DedupKeyPrefixDefault+uuid.NewString())
+	require.Len(t, modelDiff(t, b, h), 3, "the corruption shows as a card off, a row missing and a bogus row")
+}
+
+// dbNow is the database's clock.
+func dbNow(t *testing.T, b *catalogtest.Bundle) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, b.DB.Get(&now, `SELECT clock_timestamp()`))
+	return now
+}
+
+// requireDedupReset checks that the rebuild forgot the dedup marks: no mark
+// stored before it started survives, and the marks are exactly those of the
+// records sent (the bogus one of corrupt is gone).
+func requireDedupReset(t *testing.T, b *catalogtest.Bundle, h *history, rebuildStart time.Time) {
+	t.Helper()
+	var old []string
+	require.NoError(t, b.DB.Select(&old, `SELECT key FROM catalog.processed_messages WHERE processed_at < $1`, rebuildStart))
+	require.Empty(t, old, "dedup marks stored before the rebuild started survived it")
+	var keys []string
+	require.NoError(t, b.DB.Select(&keys, `SELECT key FROM catalog.processed_messages`))
+	require.ElementsMatch(t, h.dedupKeys(), keys, "one dedup mark per record sent, and no other")
+}
+
+// waitConsumedAfter waits until the live consumer and the replay (which
+// share the chain's metrics) handled every record: the live consumer each
+// one sent, the replay the st.Read it read.
+func waitConsumedAfter(t *testing.T, b *catalogtest.Bundle, h *history, replayed int64) {
+	t.Helper()
+	b.WaitConsumed(t, float64(int64(h.sent())+replayed), 30*time.Second)
+}
+
+// summary is a rebuild status's counts, for failure messages.
+func summary(read, applied, duplicates, skipped int64) string {
+	return fmt.Sprintf("read %d, applied %d, duplicates %d, skipped %d", read, applied, duplicates, skipped)
+}
