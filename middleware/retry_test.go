@@ -207,7 +207,7 @@ func TestRetry_ConflictRerunsTheUnitOfWorkInAFreshTransaction(t *testing.T) {
 				return nil, errConflict
 			}
 			return make([]struct{}, len(ids)), applyEffect(ctx, tx, ids[0])
-		})
+		}, nil)
 	require.NoError(t, err)
 
 	msg := newMessage(t)

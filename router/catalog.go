@@ -217,13 +217,12 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	}
 	uow, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{
 		DB: db, MaxBatch: cfg.MaxBatch, Workers: cfg.Workers, MaxLocks: cfg.MaxLocks,
-		Locks: func(item any) int { return boost.Locks(item.(event.PurchaseChanged)) },
 		Dedup: middleware.DedupConfig{
 			Logger:      log,
 			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
 		},
 		OnBatch: func(size int, _ time.Duration) { m.BatchSize.Observe(float64(size)) },
-	}, apply)
+	}, apply, boost.Locks)
 	if err != nil {
 		return catalogMiddlewares{}, errors.Join(err, closeApply())
 	}
