@@ -25,7 +25,7 @@ import (
 // t.Parallel), so that the load of those on the shared cluster does not eat
 // into the bound.
 
-// expiryBound is issue 7's target: Expired within 1.5s of EndsAt.
+// expiryBound is the wake-up's accuracy target: Expired within 1.5s of EndsAt.
 const expiryBound = 1500 * time.Millisecond
 
 // heartbeat is the production interval: within a test, the ticker ticks only
