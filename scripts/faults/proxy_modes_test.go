@@ -1,0 +1,192 @@
+package faults
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// upstream is a line echo server that records every line it received.
+type upstream struct {
+	ln       net.Listener
+	mu       sync.Mutex
+	lines    []string
+	accepted int
+}
+
+func newUpstream(t *testing.T) *upstream {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	u := &upstream{ln: ln}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.mu.Lock()
+			u.accepted++
+			u.mu.Unlock()
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					u.mu.Lock()
+					u.lines = append(u.lines, line)
+					u.mu.Unlock()
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return u
+}
+
+func (u *upstream) got() ([]string, int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.lines...), u.accepted
+}
+
+func startProxy(t *testing.T, u *upstream) *proxy {
+	p, err := newProxy("127.0.0.1:0", u.ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(p.close)
+	return p
+}
+
+func dialLine(t *testing.T, p *proxy) (net.Conn, *bufio.Reader) {
+	c, err := net.Dial("tcp", p.addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, bufio.NewReader(c)
+}
+
+func send(t *testing.T, c net.Conn, line string) {
+	_, err := c.Write([]byte(line + "\n"))
+	require.NoError(t, err)
+}
+
+// quietFor is how long a test watches that nothing gets through.
+const quietFor = 500 * time.Millisecond
+
+// TestProxy_BlackHoleForwardsNothingUntilHealThenEverything: in a hole a
+// connection stays open and nothing crosses it, a new connection is accepted
+// but not dialed upstream; after heal both go on, with what was sent
+// meanwhile.
+func TestProxy_BlackHoleForwardsNothingUntilHealThenEverything(t *testing.T) {
+	t.Parallel()
+	u := newUpstream(t)
+	p := startProxy(t, u)
+	c, r := dialLine(t, p)
+	send(t, c, "before")
+	line, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "before\n", line)
+
+	p.blackHole()
+	send(t, c, "during")
+	late, lateR := dialLine(t, p)
+	send(t, late, "new")
+	require.Never(t, func() bool { lines, accepted := u.got(); return len(lines) > 1 || accepted > 1 },
+		quietFor, 10*time.Millisecond, "nothing crosses a black hole, and no connection is dialed through it: %v", fmt.Sprint(u.got()))
+
+	p.heal()
+	for _, rd := range []*bufio.Reader{r, lateR} {
+		line, err := rd.ReadString('\n')
+		require.NoError(t, err)
+		require.Contains(t, []string{"during\n", "new\n"}, line)
+	}
+	lines, accepted := u.got()
+	require.ElementsMatch(t, []string{"before\n", "during\n", "new\n"}, lines)
+	require.Equal(t, 2, accepted)
+}
+
+// TestProxy_WhatASenderResetsInAHoleNeverArrives: a client that resets its
+// connection in a hole (as the relay aborts a publish) loses what it sent
+// there, while one that closes it gracefully still delivers after heal, as
+// TCP would retransmit it once the network is back.
+func TestProxy_WhatASenderResetsInAHoleNeverArrives(t *testing.T) {
+	t.Parallel()
+	u := newUpstream(t)
+	p := startProxy(t, u)
+	reset, _ := dialLine(t, p)
+	graceful, _ := dialLine(t, p)
+	send(t, reset, "warm-up")
+	require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) == 1 }, 10*time.Second, 10*time.Millisecond)
+
+	p.blackHole()
+	send(t, reset, "zombie")
+	send(t, graceful, "late")
+	require.NoError(t, reset.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, reset.Close())
+	require.NoError(t, graceful.(*net.TCPConn).CloseWrite())
+	p.heal()
+
+	require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) >= 2 }, 10*time.Second, 10*time.Millisecond)
+	require.Never(t, func() bool { lines, _ := u.got(); return len(lines) > 2 }, quietFor, 10*time.Millisecond)
+	lines, _ := u.got()
+	require.Equal(t, []string{"warm-up\n", "late\n"}, lines, "the reset connection's bytes are dropped")
+}
+
+// TestProxy_LatencyDelaysWhatTheServerSends: with latency on, an answer
+// comes no sooner than the latency after its request.
+func TestProxy_LatencyDelaysWhatTheServerSends(t *testing.T) {
+	t.Parallel()
+	u := newUpstream(t)
+	p := startProxy(t, u)
+	const latency = 200 * time.Millisecond
+	p.setLatency(latency)
+	c, r := dialLine(t, p)
+	for range 3 {
+		start := time.Now()
+		send(t, c, "ping")
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "ping\n", line)
+		require.GreaterOrEqual(t, time.Since(start), latency, "an answer cannot beat the added latency")
+	}
+	require.Positive(t, p.bytes())
+}
+
+// TestProxy_ResetEndsEveryConnectionAndRefusesNewOnes: a reset ends the
+// open connections with an error and resets new ones until it is lifted.
+func TestProxy_ResetEndsEveryConnectionAndRefusesNewOnes(t *testing.T) {
+	t.Parallel()
+	u := newUpstream(t)
+	p := startProxy(t, u)
+	c, r := dialLine(t, p)
+	send(t, c, "one")
+	_, err := r.ReadString('\n')
+	require.NoError(t, err)
+
+	p.resetAll(true)
+	_, err = r.ReadString('\n')
+	require.Error(t, err, "an open connection ends")
+	// On loopback the reset may even reach the connecting side first.
+	if refused, err := net.Dial("tcp", p.addr()); err == nil {
+		defer refused.Close()
+		_, _ = refused.Write([]byte("x\n"))
+		_, err = bufio.NewReader(refused).ReadString('\n')
+		require.Error(t, err, "a new connection is reset")
+	}
+
+	p.resetAll(false)
+	again, againR := dialLine(t, p)
+	send(t, again, "two")
+	line, err := againR.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "two\n", line)
+}
