@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Local PostgreSQL + Kafka for promoflow's tests, without Docker.
 #
-#   scripts/stack.sh up [postgres|pgbouncer|kafka|kafka:N]...
+#   scripts/stack.sh up [postgres|pgbouncer|kafka|kafka:N|controller:N]...
 #                             start what is not running yet (idempotent); the last
 #                             lines on stdout are the export lines, so callers can
-#                             eval "$(scripts/stack.sh up)"; kafka:N is node N alone
+#                             eval "$(scripts/stack.sh up)"; kafka:N is broker N
+#                             alone, controller:N controller N
 #   scripts/stack.sh env      print only the export lines
 #   scripts/stack.sh fetch    fetch the Kafka jars once (the tests start a TLS/SASL
 #                             broker of their own from them) and print
 #                             export PROMOFLOW_KAFKA_LIBS=<folder>
 #   scripts/stack.sh status   say what runs (exit 0 if both run, 3 otherwise)
-#   scripts/stack.sh down [postgres|pgbouncer|kafka|kafka:N]...
+#   scripts/stack.sh down [postgres|pgbouncer|kafka|kafka:N|controller:N]...
 #                             stop Kafka, PgBouncer and PostgreSQL cleanly (or only
 #                             those named)
-#   scripts/stack.sh kill kafka:N...
-#                             kill -9 Kafka node N (fault tests)
+#   scripts/stack.sh kill kafka:N|controller:N...
+#                             kill -9 Kafka broker N or controller N (fault tests)
 #   scripts/stack.sh restart postgres
 #                             pg_ctl restart -m fast: every connection is cut, the
 #                             server comes back on the same port (fault tests)
@@ -35,13 +36,17 @@
 #   PROMOFLOW_STACK_DIR              state (data, logs, pid files)  [~/.cache/promoflow/stack]
 #   PROMOFLOW_CACHE                  downloaded Kafka jars           [~/.cache/promoflow]
 #   PROMOFLOW_PG_PORT                PostgreSQL port                 [25432]
-#   PROMOFLOW_KAFKA_NODES            Kafka nodes (KRaft, each broker
-#                                    and controller)                 [1]
-#   PROMOFLOW_KAFKA_PORT             Kafka broker port of node 1;
-#                                    node N: + 2(N-1)                [29092]
-#   PROMOFLOW_KAFKA_CONTROLLER_PORT  KRaft controller port of node 1;
-#                                    node N: + 2(N-1)                [29093]
-#   PROMOFLOW_KAFKA_HEAP             each node's -Xmx                [768m; 512m from 3 nodes]
+#   PROMOFLOW_KAFKA_NODES            Kafka brokers: 1 is one KRaft node,
+#                                    broker and controller; more are
+#                                    brokers beside a controller quorum
+#                                    (see "nodes" below)             [1]
+#   PROMOFLOW_KAFKA_CONTROLLERS      controllers of that quorum      [3]
+#   PROMOFLOW_KAFKA_PORT             Kafka port of broker 1;
+#                                    broker N: + 2(N-1)              [29092]
+#   PROMOFLOW_KAFKA_CONTROLLER_PORT  KRaft controller port (of
+#                                    controller 1; K: + 2(K-1))      [29093]
+#   PROMOFLOW_KAFKA_HEAP             each broker's -Xmx              [768m; 512m from 3 brokers]
+#   PROMOFLOW_KAFKA_CONTROLLER_HEAP  each controller's -Xmx          [256m]
 #   PROMOFLOW_KAFKA_PROXIED          1: each node also has a listener
 #                                    advertised at a proxy's address
 #                                    (see node_proxied_port)         [0]
@@ -78,6 +83,8 @@ KAFKA_NODES=${PROMOFLOW_KAFKA_NODES:-1}
 [[ $KAFKA_NODES =~ ^[1-9]$ ]] || { printf 'stack: ERROR: PROMOFLOW_KAFKA_NODES must be 1..9\n' >&2; exit 1; }
 # Three brokers at 512m each fit beside everything else on an 8 GB machine.
 KAFKA_HEAP=${PROMOFLOW_KAFKA_HEAP:-$((KAFKA_NODES >= 3 ? 512 : 768))m}
+KAFKA_CONTROLLERS=${PROMOFLOW_KAFKA_CONTROLLERS:-3}
+KAFKA_CONTROLLER_HEAP=${PROMOFLOW_KAFKA_CONTROLLER_HEAP:-256m}
 KAFKA_PROXIED=${PROMOFLOW_KAFKA_PROXIED:-0}
 KAFKA_PROXIED_PORT=${PROMOFLOW_KAFKA_PROXIED_PORT:-$((KAFKA_PORT + 2 * KAFKA_NODES))}
 KAFKA_PROXY_PORT=${PROMOFLOW_KAFKA_PROXY_PORT:-$((KAFKA_PORT + 3 * KAFKA_NODES))}
@@ -125,7 +132,8 @@ env_lines() {
 # services "$@" sets want_pg and want_kafka from service names (none: both).
 # "pgbouncer" wants PgBouncer alone (down) or with PostgreSQL (up), whatever
 # PROMOFLOW_PGBOUNCER says; want_pgb is set for it. "kafka:N" wants Kafka node
-# N (kafka_nodes lists them; empty: every node).
+# N and "controller:N" its controller N (kafka_nodes lists their ids; empty:
+# every node).
 services() {
 	want_pg=1 want_kafka=1 want_pgb=0 kafka_nodes=()
 	if (($#)); then
@@ -137,7 +145,8 @@ services() {
 			pgbouncer) want_pgb=1 PGBOUNCER=1 ;;
 			kafka) want_kafka=1 ;;
 			kafka:[1-9]) want_kafka=1 kafka_nodes+=("${s#kafka:}") ;;
-			*) die "unknown service: $s (postgres, pgbouncer, kafka or kafka:N)" ;;
+			controller:[1-9]) want_kafka=1 kafka_nodes+=($((100 + ${s#controller:}))) ;;
+			*) die "unknown service: $s (postgres, pgbouncer, kafka, kafka:N or controller:N)" ;;
 			esac
 		done
 	fi
@@ -400,32 +409,71 @@ kafka_fetch() {
 }
 
 # ---- nodes
-# Node n (1..KAFKA_NODES) listens on KAFKA_PORT + 2(n-1) (clients) and
-# KAFKA_CONTROLLER_PORT + 2(n-1) (KRaft); node 1 keeps the folder
-# $STATE_DIR/kafka, node n>1 uses $STATE_DIR/kafka-n.
-node_dir() { if (($1 == 1)); then echo "$KAFKA_DIR"; else echo "$STATE_DIR/kafka-$1"; fi; }
+# One node (PROMOFLOW_KAFKA_NODES=1) is broker and controller at once, id 1.
+# From two on, the brokers (ids 1..KAFKA_NODES, process.roles=broker) and a
+# quorum of KAFKA_CONTROLLERS controllers (ids 101.., process.roles=
+# controller) are separate processes, as production runs them: the quorum
+# keeps a majority while brokers die, so the cluster can still shrink ISRs
+# and refuse writes with NOT_ENOUGH_REPLICAS, and losing the active
+# controller loses no broker.
+#
+# Broker n listens on KAFKA_PORT + 2(n-1); controller k (id 100+k) on
+# KAFKA_CONTROLLER_PORT + 2(k-1), the single node on KAFKA_CONTROLLER_PORT.
+# Broker 1 keeps the folder $STATE_DIR/kafka, broker n $STATE_DIR/kafka-n,
+# controller k $STATE_DIR/kafka-controller-k.
+is_controller() { (($1 > 100)); }
+node_dir() {
+	if (($1 == 1)); then
+		echo "$KAFKA_DIR"
+	elif is_controller "$1"; then
+		echo "$STATE_DIR/kafka-controller-$(($1 - 100))"
+	else
+		echo "$STATE_DIR/kafka-$1"
+	fi
+}
 node_port() { echo $((KAFKA_PORT + 2 * ($1 - 1))); }
-node_controller_port() { echo $((KAFKA_CONTROLLER_PORT + 2 * ($1 - 1))); }
-# With PROMOFLOW_KAFKA_PROXIED=1, node n also has a listener PROXIED on
+node_controller_port() {
+	if is_controller "$1"; then echo $((KAFKA_CONTROLLER_PORT + 2 * ($1 - 101))); else echo "$KAFKA_CONTROLLER_PORT"; fi
+}
+# The port that says a node is up: a broker's client port, a controller's port.
+node_ready_port() { if is_controller "$1"; then node_controller_port "$1"; else node_port "$1"; fi; }
+node_name() {
+	if ((KAFKA_NODES == 1)); then
+		echo "kafka"
+	elif is_controller "$1"; then
+		echo "kafka controller $(($1 - 100))"
+	else
+		echo "kafka broker $1"
+	fi
+}
+# With PROMOFLOW_KAFKA_PROXIED=1, broker n also has a listener PROXIED on
 # KAFKA_PROXIED_PORT + n-1 that it advertises at KAFKA_PROXY_PORT + n-1: a
 # process whose bootstrap servers are the proxy ports reaches every broker
 # through whatever listens there (the fault suite's proxy), and the
 # metadata it gets names only proxy ports.
 node_proxied_port() { echo $((KAFKA_PROXIED_PORT + $1 - 1)); }
 node_proxy_port() { echo $((KAFKA_PROXY_PORT + $1 - 1)); }
-all_nodes() { seq 1 "$KAFKA_NODES"; }
+brokers() { seq 1 "$KAFKA_NODES"; }
+controllers() { if ((KAFKA_NODES > 1)); then seq 101 $((100 + KAFKA_CONTROLLERS)); fi; }
+all_nodes() { controllers; brokers; }
 
 # The brokers' client addresses, comma-separated.
 kafka_brokers() {
 	local n out=()
-	for n in $(all_nodes); do out+=("$HOST:$(node_port "$n")"); done
+	for n in $(brokers); do out+=("$HOST:$(node_port "$n")"); done
 	(IFS=,; echo "${out[*]}")
 }
 
 # proxy=upstream pairs of the PROXIED listeners, comma-separated.
 kafka_proxy_routes() {
 	local n out=()
-	for n in $(all_nodes); do out+=("$HOST:$(node_proxy_port "$n")=$HOST:$(node_proxied_port "$n")"); done
+	for n in $(brokers); do out+=("$HOST:$(node_proxy_port "$n")=$HOST:$(node_proxied_port "$n")"); done
+	(IFS=,; echo "${out[*]}")
+}
+
+kafka_voters() {
+	local n out=()
+	for n in $(controllers); do out+=("$n@$HOST:$(node_controller_port "$n")"); done
 	(IFS=,; echo "${out[*]}")
 }
 
@@ -448,43 +496,47 @@ kafka_shape() {
 	if ((KAFKA_NODES == 1)); then
 		echo "$HOST:$KAFKA_CONTROLLER_PORT"
 	else
-		echo "voters=$(kafka_voters)"
+		echo "brokers=$KAFKA_NODES voters=$(kafka_voters)"
 	fi
 }
 
-kafka_voters() {
-	local n out=()
-	for n in $(all_nodes); do out+=("$n@$HOST:$(node_controller_port "$n")"); done
-	(IFS=,; echo "${out[*]}")
-}
-
 kafka_write_config() {
-	local n=$1 dir port cport listeners advertised protocols quorum rf isr
+	local n=$1 dir port cport roles listeners advertised protocols quorum rf isr
 	dir=$(node_dir "$n")
-	port=$(node_port "$n")
 	cport=$(node_controller_port "$n")
-	listeners="PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport"
-	advertised="PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport"
 	protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-	if [[ $KAFKA_PROXIED == 1 ]]; then
+	if ((KAFKA_NODES == 1)); then
+		port=$(node_port "$n")
+		roles=broker,controller
+		listeners="PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport"
+		advertised=$listeners
+		# Dynamic quorum (KIP-853), formatted with --standalone.
+		quorum="controller.quorum.bootstrap.servers=$HOST:$cport"
+	elif is_controller "$n"; then
+		roles=controller
+		listeners="CONTROLLER://$HOST:$cport"
+		advertised=$listeners
+		quorum="controller.quorum.voters=$(kafka_voters)"
+	else
+		port=$(node_port "$n")
+		roles=broker
+		listeners="PLAINTEXT://$HOST:$port"
+		advertised=$listeners
+		quorum="controller.quorum.voters=$(kafka_voters)"
+	fi
+	if [[ $KAFKA_PROXIED == 1 && $roles == *broker* ]]; then
 		listeners+=",PROXIED://$HOST:$(node_proxied_port "$n")"
 		advertised+=",PROXIED://$HOST:$(node_proxy_port "$n")"
 		protocols+=",PROXIED:PLAINTEXT"
 	fi
-	if ((KAFKA_NODES == 1)); then
-		# Dynamic quorum (KIP-853), formatted with --standalone.
-		quorum="controller.quorum.bootstrap.servers=$HOST:$cport"
-		rf=1 isr=1
-	else
-		# A static quorum of every node (each is broker and controller).
-		quorum="controller.quorum.voters=$(kafka_voters)"
-		rf=$((KAFKA_NODES < 3 ? KAFKA_NODES : 3))
-		isr=$((rf < 3 ? 1 : 2))
-	fi
+	# Internal topics: every replica of a one-broker cluster, three (two in
+	# sync for a write) from three brokers on, as production runs them.
+	rf=$((KAFKA_NODES < 3 ? KAFKA_NODES : 3))
+	isr=$((rf < 3 ? 1 : 2))
 	cat >"$dir/server.properties" <<EOF
 # Generated by scripts/stack.sh on every start; edit the script, not this file.
-# Node $n of $KAFKA_NODES KRaft nodes, each both broker and controller, for tests only.
-process.roles=broker,controller
+# $(node_name "$n") of a KRaft cluster of $KAFKA_NODES broker(s), for tests only.
+process.roles=$roles
 node.id=$n
 listeners=$listeners
 advertised.listeners=$advertised
@@ -494,8 +546,6 @@ controller.listener.names=CONTROLLER
 $quorum
 log.dirs=$dir/data
 
-# Internal topics: every replica of a one-node cluster, three (two in sync
-# for a write) from three nodes on, as production runs them.
 default.replication.factor=$rf
 min.insync.replicas=$isr
 offsets.topic.replication.factor=$rf
@@ -514,6 +564,10 @@ delete.topic.enable=true
 num.partitions=1
 group.initial.rebalance.delay.ms=0
 EOF
+	# A controller-only node rejects the broker settings above.
+	if is_controller "$n"; then
+		sed -i '/^inter.broker.listener.name=/d' "$dir/server.properties"
+	fi
 }
 
 # A Kafka UUID (base64url of 16 random bytes, no padding); like
@@ -539,7 +593,7 @@ kafka_tail_logs() {
 }
 
 kafka_ready() {
-	port_open "$(node_port "$1")" &&
+	port_open "$(node_ready_port "$1")" &&
 		grep -qF "$KAFKA_STARTED_MSG" "$(node_dir "$1")/logs/server.log" 2>/dev/null
 }
 
@@ -550,12 +604,12 @@ kafka_wait_ready() {
 	until kafka_ready "$n"; do
 		if ! pid_alive "$pid"; then
 			kafka_tail_logs "$n"
-			die "Kafka node $n exited during startup (logs in $(node_dir "$n"))"
+			die "$(node_name "$n") exited during startup (logs in $(node_dir "$n"))"
 		fi
 		if ((SECONDS >= deadline)); then
 			kafka_tail_logs "$n"
 			kafka_stop "$n" "$pid"
-			die "Kafka node $n not ready on $HOST:$(node_port "$n") after ${KAFKA_READY_TIMEOUT}s (logs in $(node_dir "$n"))"
+			die "$(node_name "$n") not ready on $HOST:$(node_ready_port "$n") after ${KAFKA_READY_TIMEOUT}s (logs in $(node_dir "$n"))"
 		fi
 		sleep 0.5
 	done
@@ -576,11 +630,11 @@ kafka_format() {
 	((fresh)) || return 0
 	for n in $(all_nodes); do
 		if kafka_pid "$n" >/dev/null; then
-			die "Kafka node $n runs on storage of another shape; stop it first (stack.sh down kafka)"
+			die "$(node_name "$n") runs on storage of another shape; stop it first (stack.sh down kafka)"
 		fi
 	done
 	cluster_id=$(kafka_random_uuid)
-	log "formatting Kafka storage of $KAFKA_NODES node(s) (cluster id $cluster_id)"
+	log "formatting Kafka storage of $(all_nodes | wc -l) node(s) (cluster id $cluster_id)"
 	local standalone=() pids=()
 	((KAFKA_NODES > 1)) || standalone=(--standalone)
 	for n in $(all_nodes); do
@@ -588,10 +642,12 @@ kafka_format() {
 		rm -rf "$dir/data" "$dir/formatted-for"
 		"$java" "$@" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool format \
 			"${standalone[@]}" -t "$cluster_id" -c "$dir/server.properties" >&2 9>&- &
-		pids+=("$!")
+		pids+=("$n:$!")
 	done
-	for n in $(all_nodes); do
-		wait "${pids[n - 1]}" || die "kafka-storage format of node $n failed"
+	local entry
+	for entry in "${pids[@]}"; do
+		n=${entry%%:*}
+		wait "${entry#*:}" || die "kafka-storage format of $(node_name "$n") failed"
 		echo "$shape" >"$(node_dir "$n")/formatted-for"
 	done
 }
@@ -599,7 +655,7 @@ kafka_format() {
 # kafka_up [node...]: start the named nodes (default: all) that do not run,
 # and wait until each is ready.
 kafka_up() {
-	local java n p dir pid nodes=("$@") started=()
+	local java n p dir pid heap nodes=("$@") started=()
 	((${#nodes[@]})) || mapfile -t nodes < <(all_nodes)
 	kafka_fetch
 	java=$(java_bin) || die "java not found"
@@ -612,14 +668,13 @@ kafka_up() {
 	done
 	kafka_format "$java" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.yaml" -Dkafka.logs.dir="$KAFKA_DIR/logs" -Djava.awt.headless=true
 	for n in "${nodes[@]}"; do
-		((n >= 1 && n <= KAFKA_NODES)) || die "no Kafka node $n (PROMOFLOW_KAFKA_NODES=$KAFKA_NODES)"
 		if pid=$(kafka_pid "$n"); then
-			log "Kafka node $n already running (pid $pid)"
+			log "$(node_name "$n") already running (pid $pid)"
 			started+=("$n:$pid")
 			continue
 		fi
-		for p in "$(node_port "$n")" "$(node_controller_port "$n")"; do
-			if port_open "$p"; then
+		for p in "$(node_ready_port "$n")" "$(node_controller_port "$n")"; do
+			if ((KAFKA_NODES == 1 || p == $(node_ready_port "$n"))) && port_open "$p"; then
 				die "port $p is in use by another process; stop it or set PROMOFLOW_KAFKA_PORT/PROMOFLOW_KAFKA_CONTROLLER_PORT"
 			fi
 		done
@@ -628,10 +683,12 @@ kafka_up() {
 		if [[ -f $dir/logs/server.log ]]; then
 			mv -f "$dir/logs/server.log" "$dir/logs/server.log.prev"
 		fi
-		log "starting Kafka $KAFKA_VERSION node $n on $HOST:$(node_port "$n") (controller $(node_controller_port "$n"))"
+		heap=$KAFKA_HEAP
+		is_controller "$n" && heap=$KAFKA_CONTROLLER_HEAP
+		log "starting Kafka $KAFKA_VERSION, $(node_name "$n"), on $HOST:$(node_ready_port "$n")"
 		# setsid + nohup: the broker outlives this script and its terminal; all of
 		# its output goes to files so "$(stack.sh up)" does not wait for it.
-		setsid nohup "$java" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC \
+		setsid nohup "$java" -Xmx"$heap" -XX:+UseG1GC \
 			-Dlog4j2.configurationFile="$dir/log4j2.yaml" -Dkafka.logs.dir="$dir/logs" -Djava.awt.headless=true \
 			-cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" \
 			>"$dir/kafka.out" 2>&1 </dev/null 9>&- &
@@ -643,7 +700,7 @@ kafka_up() {
 	for entry in "${started[@]}"; do
 		kafka_wait_ready "${entry%%:*}" "${entry#*:}"
 	done
-	log "Kafka ready (node(s) ${nodes[*]}) after $((SECONDS - t0))s"
+	log "Kafka ready ($(for n in "${nodes[@]}"; do node_name "$n"; done | paste -sd, -)) after $((SECONDS - t0))s"
 }
 
 # SIGTERM gives a controlled shutdown; KILL only if it hangs.
@@ -655,37 +712,43 @@ kafka_stop() {
 		sleep 0.5
 	done
 	if pid_alive "$pid"; then
-		log "Kafka node $n did not stop within 60s; killing it"
+		log "$(node_name "$n") did not stop within 60s; killing it"
 		kill -KILL "$pid" 2>/dev/null || true
 		while pid_alive "$pid"; do sleep 0.2; done
 	fi
 	rm -f "$(node_dir "$n")/kafka.pid"
 }
 
-# kafka_down [node...]: stop the named nodes (default: all), in parallel, so
-# that a quorum that loses its majority does not hold the last one up.
+# kafka_down [node...]: stop the named nodes (default: all), in parallel:
+# brokers first, then the controllers, which a broker's controlled shutdown
+# needs.
 kafka_down() {
-	local n pid nodes=("$@") waits=()
+	local n pid group nodes=("$@") waits
 	((${#nodes[@]})) || mapfile -t nodes < <(all_nodes)
-	for n in "${nodes[@]}"; do
-		if pid=$(kafka_pid "$n"); then
-			log "stopping Kafka node $n (pid $pid)"
-			kafka_stop "$n" "$pid" &
-			waits+=("$!")
-		else
-			log "Kafka node $n not running"
-			rm -f "$(node_dir "$n")/kafka.pid"
-		fi
+	for group in brokers controllers; do
+		waits=()
+		for n in "${nodes[@]}"; do
+			if [[ $group == brokers ]] && is_controller "$n"; then continue; fi
+			if [[ $group == controllers ]] && ! is_controller "$n"; then continue; fi
+			if pid=$(kafka_pid "$n"); then
+				log "stopping $(node_name "$n") (pid $pid)"
+				kafka_stop "$n" "$pid" &
+				waits+=("$!")
+			else
+				log "$(node_name "$n") not running"
+				rm -f "$(node_dir "$n")/kafka.pid"
+			fi
+		done
+		for pid in "${waits[@]}"; do wait "$pid"; done
 	done
-	for pid in "${waits[@]}"; do wait "$pid"; done
 }
 
 # kafka_kill node...: kill -9, as a crash would.
 kafka_kill() {
 	local n pid
 	for n in "$@"; do
-		pid=$(kafka_pid "$n") || die "Kafka node $n is not running"
-		log "kill -9 Kafka node $n (pid $pid)"
+		pid=$(kafka_pid "$n") || die "$(node_name "$n") is not running"
+		log "kill -9 $(node_name "$n") (pid $pid)"
 		kill -KILL "$pid"
 		while pid_alive "$pid"; do sleep 0.1; done
 		rm -f "$(node_dir "$n")/kafka.pid"
@@ -739,13 +802,13 @@ cmd_status() {
 		echo "pgbouncer: stopped"
 		rc=3
 	fi
-	local n running=0 name
+	local n running=0 name total
+	total=$(all_nodes | wc -l)
 	for n in $(all_nodes); do
-		name=kafka
-		((KAFKA_NODES == 1)) || name="kafka node $n"
+		name=$(node_name "$n")
 		if pid=$(kafka_pid "$n"); then
 			if kafka_ready "$n"; then
-				echo "$name: running on $HOST:$(node_port "$n") (pid $pid, data $(node_dir "$n")/data)"
+				echo "$name: running on $HOST:$(node_ready_port "$n") (pid $pid, data $(node_dir "$n")/data)"
 				running=$((running + 1))
 			else
 				echo "$name: starting (pid $pid)"
@@ -755,9 +818,9 @@ cmd_status() {
 		fi
 	done
 	if ((KAFKA_NODES > 1)); then
-		if ((running == KAFKA_NODES)); then echo "kafka: running ($running of $KAFKA_NODES nodes)"; else echo "kafka: $running of $KAFKA_NODES nodes running"; fi
+		if ((running == total)); then echo "kafka: running ($running of $total nodes)"; else echo "kafka: $running of $total nodes running"; fi
 	fi
-	((running == KAFKA_NODES)) || rc=3
+	((running == total)) || rc=3
 	return "$rc"
 }
 
@@ -778,7 +841,7 @@ restart)
 kill)
 	take_lock
 	services "${@:2}"
-	((!want_pg && ${#kafka_nodes[@]})) || die "kill takes kafka:N..."
+	((!want_pg && ${#kafka_nodes[@]})) || die "kill takes kafka:N or controller:N..."
 	kafka_kill "${kafka_nodes[@]}"
 	;;
 env) env_lines ;;
@@ -789,7 +852,7 @@ fetch)
 	;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up [postgres|pgbouncer|kafka|kafka:N]...|down [postgres|pgbouncer|kafka|kafka:N]...|kill kafka:N...|restart postgres|pgbouncer|env|fetch|status}" >&2
+	echo "usage: $0 {up [postgres|pgbouncer|kafka|kafka:N|controller:N]...|down [same]...|kill kafka:N|controller:N...|restart postgres|pgbouncer|env|fetch|status}" >&2
 	exit 2
 	;;
 esac
