@@ -38,21 +38,27 @@ export PROMOFLOW_STACK_DIR=${PROMOFLOW_FAULTS_STACK_DIR:-$HOME/.cache/promoflow/
 export PROMOFLOW_PG_PORT=${PROMOFLOW_FAULTS_PG_PORT:-25442}
 export PROMOFLOW_KAFKA_PORT=${PROMOFLOW_FAULTS_KAFKA_PORT:-29102}
 export PROMOFLOW_KAFKA_CONTROLLER_PORT=${PROMOFLOW_FAULTS_KAFKA_CONTROLLER_PORT:-29103}
-unset DATABASE_URL KAFKA_BROKERS
+# Three brokers beside a quorum of three controllers, each broker with a
+# listener advertised at the address of the suite's proxy for it.
+export PROMOFLOW_KAFKA_NODES=${PROMOFLOW_FAULTS_KAFKA_NODES:-3}
+export PROMOFLOW_KAFKA_PROXIED=1
+[[ -z ${PROMOFLOW_FAULTS_KAFKA_PROXIED_PORT:-} ]] || export PROMOFLOW_KAFKA_PROXIED_PORT=$PROMOFLOW_FAULTS_KAFKA_PROXIED_PORT
+[[ -z ${PROMOFLOW_FAULTS_KAFKA_PROXY_PORT:-} ]] || export PROMOFLOW_KAFKA_PROXY_PORT=$PROMOFLOW_FAULTS_KAFKA_PROXY_PORT
+unset DATABASE_URL KAFKA_BROKERS KAFKA_PROXY_ROUTES PROMOFLOW_KAFKA_CONTROLLERS PROMOFLOW_KAFKA_HEAP
 trap 'bash scripts/stack.sh down >/dev/null 2>&1 || log "WARNING: stopping the fault stack failed"' EXIT
 stack_env=$(bash scripts/stack.sh up)
 eval "$stack_env"
-export DATABASE_URL KAFKA_BROKERS
+export DATABASE_URL KAFKA_BROKERS KAFKA_PROXY_ROUTES
 export FAULTS_LOG_DIR=${FAULTS_LOG_DIR:-$(mktemp -d /tmp/promoflow-faults.XXXXXX)}
 mkdir -p "$FAULTS_LOG_DIR"
 log "form $FORM; stack $DATABASE_URL $KAFKA_BROKERS; logs in $FAULTS_LOG_DIR"
 
 out=$FAULTS_LOG_DIR/go-test.log
 rc=0
-go test -tags faults -count=1 -timeout 60m -v -run '^TestFaults$' ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
+go test -tags faults -count=1 -timeout 150m -v -run '^TestFaults$' ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
 grep -E '^\s+(faults_test|[a-z_]+_test)\.go:[0-9]+:' "$out" | head -n 40 >&2 || true
 # The summary the suite printed last: one line per scenario, then the count.
-sed -n '/^$/,$p' "$out" | grep -E '^(scenario|faults:)' | tail -n 11
+sed -n '/^$/,$p' "$out" | grep -E '^(scenario|faults:)' | tail -n 40
 if ((rc != 0)) && ! grep -q '^faults:' "$out"; then
 	tail -n 40 "$out" >&2
 	echo "faults: the suite did not finish (exit $rc; log $out)"

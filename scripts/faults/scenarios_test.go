@@ -19,19 +19,26 @@ type scenario struct {
 	run  func(t *testing.T, e *env) (events int)
 	// promotions and catalogs are how many processes of each it runs.
 	promotions, catalogs int
+	// full marks a scenario that only the full form runs.
+	full bool
+	// kafkaVia and pgVia name the processes ("promotion-1", "*" for all)
+	// whose Kafka or PostgreSQL traffic goes through the env's proxies.
+	kafkaVia, pgVia []string
 }
 
 var scenarios = []scenario{
-	{1, "three expirers racing", threeExpirers, 3, 1},
-	{2, "kill -9 promotion mid expirer batch", killMidBatch, 2, 1},
-	{3, "kill -9 relay holder mid relay", killRelayHolder, 2, 1},
-	{4, "kill -9 catalog mid message", killCatalog, 1, 1},
-	{5, "Kafka broker restart under load", restartKafka, 2, 2},
-	{6, "PostgreSQL restart under load", restartPostgres, 2, 2},
-	{7, "concurrent cancels racing the expirer", cancelsRaceExpirer, 2, 1},
-	{8, "projection rebuild under load", rebuildUnderLoad, 1, 2},
-	{9, "malformed records on the topic", malformedRecords, 1, 1},
-	{10, "malformed HTTP requests", malformedRequests, 1, 1},
+	{num: 1, name: "three expirers racing", run: threeExpirers, promotions: 3, catalogs: 1},
+	{num: 2, name: "kill -9 promotion mid expirer batch", run: killMidBatch, promotions: 2, catalogs: 1},
+	{num: 3, name: "kill -9 relay holder mid relay", run: killRelayHolder, promotions: 2, catalogs: 1},
+	{num: 4, name: "kill -9 catalog mid message", run: killCatalog, promotions: 1, catalogs: 1},
+	{num: 5, name: "Kafka cluster restart under load", run: restartKafka, promotions: 2, catalogs: 2},
+	{num: 6, name: "PostgreSQL restart under load", run: restartPostgres, promotions: 2, catalogs: 2},
+	{num: 7, name: "concurrent cancels racing the expirer", run: cancelsRaceExpirer, promotions: 2, catalogs: 1},
+	{num: 8, name: "projection rebuild under load", run: rebuildUnderLoad, promotions: 1, catalogs: 2},
+	{num: 9, name: "malformed records on the topic", run: malformedRecords, promotions: 1, catalogs: 1},
+	{num: 10, name: "malformed HTTP requests", run: malformedRequests, promotions: 1, catalogs: 1},
+	{num: 16, name: "(f) relay holder cut off from Kafka", run: cutRelayHolder, promotions: 2, catalogs: 1,
+		kafkaVia: []string{"promotion-1"}},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
@@ -43,12 +50,15 @@ func TestFaults(t *testing.T) {
 		if *only != "" && !strings.Contains(fmt.Sprintf("%d %s", sc.num, sc.name), *only) {
 			continue
 		}
+		if sc.full && *form != "full" {
+			continue
+		}
 		r := result{num: sc.num, name: sc.name}
 		start := time.Now()
 		failed := false
 		t.Run(fmt.Sprintf("%02d", sc.num), func(t *testing.T) {
 			defer func() { failed = t.Failed() }()
-			e := newEnv(t, s, sc.promotions, sc.catalogs)
+			e := newEnv(t, s, sc)
 			if !e.waitReady(60 * time.Second) {
 				t.Fatal("processes did not become ready")
 			}
@@ -63,7 +73,7 @@ func TestFaults(t *testing.T) {
 			e.checkDrift()
 			e.finish()
 			e.mu.Lock()
-			r.violations, r.faults = e.violations, e.faults
+			r.violations, r.faults, r.detail = e.violations, e.faults, e.detail
 			e.mu.Unlock()
 			for _, v := range r.violations {
 				t.Error(v)
