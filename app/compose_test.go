@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -49,19 +50,46 @@ func knownEnv(register func(*settings)) map[string]bool {
 	return out
 }
 
+// composeBrokers are the Kafka brokers of compose.yaml, as KAFKA_BROKERS names them.
+const composeBrokers = "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+
+// TestCompose_DescribesTheWholeStack: PostgreSQL, Kafka as three brokers
+// beside a quorum of three KRaft controllers (one cluster id), both
+// processes, Prometheus, Grafana; every internal topic with three replicas,
+// two in sync for a write.
 func TestCompose_DescribesTheWholeStack(t *testing.T) {
 	c := loadCompose(t)
-	for _, name := range []string{"postgres", "kafka", "promotion", "catalog", "prometheus", "grafana"} {
+	for _, name := range []string{"postgres", "promotion", "catalog", "prometheus", "grafana"} {
 		require.Contains(t, c.Services, name)
 	}
-	kafka := c.Services["kafka"]
-	require.True(t, strings.HasPrefix(kafka.Image, "apache/kafka:4."), "Apache Kafka 4.x")
-	require.Equal(t, "broker,controller", kafka.Environment["KAFKA_PROCESS_ROLES"], "KRaft, one node")
-	for k, v := range kafka.Environment {
-		if strings.HasSuffix(k, "REPLICATION_FACTOR") || strings.HasSuffix(k, "MIN_ISR") {
-			require.Equal(t, "1", v, k)
+	const voters = "101@kafka-controller-1:9093,102@kafka-controller-2:9093,103@kafka-controller-3:9093"
+	var clusterID string
+	for i := 1; i <= 3; i++ {
+		for _, svc := range []struct{ name, roles, id string }{
+			{fmt.Sprintf("kafka-controller-%d", i), "controller", fmt.Sprint(100 + i)},
+			{fmt.Sprintf("kafka-%d", i), "broker", fmt.Sprint(i)},
+		} {
+			require.Contains(t, c.Services, svc.name)
+			env := c.Services[svc.name].Environment
+			require.True(t, strings.HasPrefix(c.Services[svc.name].Image, "apache/kafka:4."), "%s: Apache Kafka 4.x", svc.name)
+			require.Equal(t, svc.roles, env["KAFKA_PROCESS_ROLES"], svc.name)
+			require.Equal(t, svc.id, env["KAFKA_NODE_ID"], svc.name)
+			require.Equal(t, voters, env["KAFKA_CONTROLLER_QUORUM_VOTERS"], svc.name)
+			clusterID = cmp.Or(clusterID, env["CLUSTER_ID"])
+			require.Equal(t, clusterID, env["CLUSTER_ID"], "%s: one cluster", svc.name)
+		}
+		broker := c.Services[fmt.Sprintf("kafka-%d", i)].Environment
+		require.Equal(t, fmt.Sprintf("PLAINTEXT://kafka-%d:9092", i), broker["KAFKA_ADVERTISED_LISTENERS"])
+		for k, v := range broker {
+			if strings.HasSuffix(k, "REPLICATION_FACTOR") {
+				require.Equal(t, "3", v, k)
+			}
+			if strings.HasSuffix(k, "MIN_ISR") || k == "KAFKA_MIN_INSYNC_REPLICAS" {
+				require.Equal(t, "2", v, k)
+			}
 		}
 	}
+	require.NotEmpty(t, clusterID)
 }
 
 func TestCompose_ProcessesUseKnownCommandsAndSettings(t *testing.T) {
@@ -78,7 +106,7 @@ func TestCompose_ProcessesUseKnownCommandsAndSettings(t *testing.T) {
 			require.True(t, known[k], "%s: %s is not a setting of promoflow %s", name, k, name)
 		}
 		require.Contains(t, svc.Environment["DATABASE_URL"], "@postgres:5432/")
-		require.Equal(t, "kafka:9092", svc.Environment["KAFKA_BROKERS"])
+		require.Equal(t, composeBrokers, svc.Environment["KAFKA_BROKERS"])
 		port := strings.TrimPrefix(svc.Environment["HTTP_ADDR"], ":")
 		require.Contains(t, svc.Ports, port+":"+port)
 	}
@@ -111,7 +139,8 @@ func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
 	topics := c.Services["kafka-topics"]
 	require.True(t, strings.HasPrefix(topics.Image, "apache/kafka:4."))
 	script := strings.Join(topics.Command, " ")
-	partitions := fmt.Sprintf(" --partitions %d --replication-factor 1", topicPartitionsDefault)
+	require.Contains(t, script, "--bootstrap-server "+composeBrokers)
+	partitions := fmt.Sprintf(" --partitions %d --replication-factor 3 --config min.insync.replicas=2", topicPartitionsDefault)
 	require.Contains(t, script, "--topic "+event.Topic+partitions+" --config cleanup.policy=compact")
 	for _, topic := range []string{middleware.DLQTopicDefault, dlqreplay.ReplayTopicDefault} {
 		require.Regexp(t, "--topic "+regexp.QuoteMeta(topic)+regexp.QuoteMeta(partitions)+"( &&|$)", script)

@@ -95,7 +95,7 @@ func (c *PromotionConfig) setDefaults() {
 // relayAckMargin is how much longer than a publish the relay's subscriber
 // waits for a message's ack before it ends its transaction without one: the
 // room a timed-out publish needs to cut its producer off and nack.
-const relayAckMargin = 5 * time.Second
+const relayAckMargin = 2 * time.Second
 
 // Promotion is the promotion context's single Watermill router: the ticker-fed
 // expirer, the outbox janitor, and the forwarder that relays the SQL outbox to Kafka.

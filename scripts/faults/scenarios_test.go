@@ -37,8 +37,17 @@ var scenarios = []scenario{
 	{num: 8, name: "projection rebuild under load", run: rebuildUnderLoad, promotions: 1, catalogs: 2},
 	{num: 9, name: "malformed records on the topic", run: malformedRecords, promotions: 1, catalogs: 1},
 	{num: 10, name: "malformed HTTP requests", run: malformedRequests, promotions: 1, catalogs: 1},
+	{num: 11, name: "(a) kill -9 leader of most partitions", run: killLeader, promotions: 2, catalogs: 2},
+	{num: 12, name: "(b) one broker down for 60s", run: brokerDown, promotions: 2, catalogs: 2, full: true},
+	{num: 13, name: "(c) two brokers down: NOT_ENOUGH_REPLICAS", run: twoBrokersDown, promotions: 2, catalogs: 2, full: true},
+	{num: 14, name: "(d) kill -9 active controller", run: killController, promotions: 2, catalogs: 2, full: true},
+	{num: 15, name: "(e) kill -9 coordinator mid-rebalance", run: killCoordinatorMidRebalance, promotions: 2, catalogs: 2, full: true},
 	{num: 16, name: "(f) relay holder cut off from Kafka", run: cutRelayHolder, promotions: 2, catalogs: 1,
 		kafkaVia: []string{"promotion-1"}},
+	{num: 17, name: "(g) catalog cut off from PostgreSQL", run: catalogCutFromPostgres, promotions: 1, catalogs: 2, full: true,
+		pgVia: []string{"catalog-1"}},
+	{num: 18, name: "(h) 200ms on every Kafka connection", run: kafkaLatency, promotions: 2, catalogs: 2, full: true,
+		kafkaVia: []string{"*"}},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
@@ -65,7 +74,7 @@ func TestFaults(t *testing.T) {
 			// A quiet start: no alert of the previous scenario, or of the
 			// time before these processes ran, still fires.
 			for _, alert := range []string{"PromotionProcessesDown", "CatalogProcessesDown", "PromotionExpireJobStalled",
-				"CatalogPromotionLagHigh", "CatalogPromotionDeadLetters"} {
+				"CatalogPromotionLagHigh", "CatalogPromotionDeadLetters", "PromotionOutboxBacklogHigh", "PromotionRelayCutOffFromKafka"} {
 				e.expectAlert(alert, false, time.Minute)
 			}
 			r.events = sc.run(t, e)
