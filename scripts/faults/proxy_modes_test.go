@@ -122,23 +122,39 @@ func TestProxy_WhatASenderResetsInAHoleNeverArrives(t *testing.T) {
 	t.Parallel()
 	u := newUpstream(t)
 	p := startProxy(t, u)
-	reset, _ := dialLine(t, p)
-	graceful, _ := dialLine(t, p)
-	send(t, reset, "warm-up")
-	require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) == 1 }, 10*time.Second, 10*time.Millisecond)
+	// Several holes of several connections: what the kernel still holds and
+	// what a pump had already read when a hole opened must both be dropped,
+	// and which of the two happens depends on timing.
+	const rounds, resets = 3, 10
+	for round := range rounds {
+		var resetting []net.Conn
+		for range resets {
+			c, _ := dialLine(t, p)
+			send(t, c, "warm-up")
+			resetting = append(resetting, c)
+		}
+		graceful, _ := dialLine(t, p)
+		sent := (round + 1) * (resets + 1)
+		require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) == sent-1 }, 10*time.Second, 10*time.Millisecond)
 
-	p.blackHole()
-	send(t, reset, "zombie")
-	send(t, graceful, "late")
-	require.NoError(t, reset.(*net.TCPConn).SetLinger(0))
-	require.NoError(t, reset.Close())
-	require.NoError(t, graceful.(*net.TCPConn).CloseWrite())
-	p.heal()
+		p.blackHole()
+		for _, c := range resetting {
+			send(t, c, "zombie")
+		}
+		send(t, graceful, "late")
+		for _, c := range resetting {
+			require.NoError(t, c.(*net.TCPConn).SetLinger(0))
+			require.NoError(t, c.Close())
+		}
+		require.NoError(t, graceful.(*net.TCPConn).CloseWrite())
+		p.heal()
 
-	require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) >= 2 }, 10*time.Second, 10*time.Millisecond)
-	require.Never(t, func() bool { lines, _ := u.got(); return len(lines) > 2 }, quietFor, 10*time.Millisecond)
-	lines, _ := u.got()
-	require.Equal(t, []string{"warm-up\n", "late\n"}, lines, "the reset connection's bytes are dropped")
+		require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) >= sent }, 10*time.Second, 10*time.Millisecond)
+		require.Never(t, func() bool { lines, _ := u.got(); return len(lines) > sent }, quietFor, 10*time.Millisecond)
+		lines, _ := u.got()
+		require.NotContains(t, lines, "zombie\n", "round %d: the reset connections' bytes are dropped", round)
+		require.Contains(t, lines, "late\n", "round %d: a gracefully closed connection's bytes arrive after the heal", round)
+	}
 }
 
 // TestProxy_LatencyDelaysWhatTheServerSends: with latency on, an answer
@@ -189,4 +205,36 @@ func TestProxy_ResetEndsEveryConnectionAndRefusesNewOnes(t *testing.T) {
 	line, err := againR.ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, "two\n", line)
+}
+
+// TestProxy_ResetByPeerTellsAResetFromAnOpenOrClosedConnection: the check
+// the pumps make after a hole sees a peer's reset, even with the peer's
+// last bytes still unread, and only a reset.
+func TestProxy_ResetByPeerTellsAResetFromAnOpenOrClosedConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	pair := func() (client, server net.Conn) {
+		client, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		server, err = ln.Accept()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
+		return client, server
+	}
+	open, openServer := pair()
+	send(t, open, "still here")
+	require.False(t, resetByPeer(openServer))
+
+	reset, resetServer := pair()
+	send(t, reset, "unread")
+	require.NoError(t, reset.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, reset.Close())
+	require.Eventually(t, func() bool { return resetByPeer(resetServer) }, 10*time.Second, 10*time.Millisecond)
+
+	closed, closedServer := pair()
+	send(t, closed, "last words")
+	require.NoError(t, closed.Close())
+	require.Never(t, func() bool { return resetByPeer(closedServer) }, quietFor, 10*time.Millisecond)
 }
