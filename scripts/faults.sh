@@ -5,10 +5,14 @@
 #
 # short (the default, what CI runs) takes a few minutes; full uses the sizes of
 # the scenarios' names (10k due purchases, 10k bad records, 10k bad requests).
-# It starts a PostgreSQL and a Kafka of its own (state in
-# ~/.cache/promoflow/faults-stack, ports 25442, 29102 and 29103; override with
-# PROMOFLOW_FAULTS_STACK_DIR and PROMOFLOW_FAULTS_*_PORT), because its scenarios
-# restart them; installs Debian's prometheus when missing; runs TestFaults
+# It starts a PostgreSQL and a Kafka cluster of its own (state in
+# ~/.cache/promoflow/faults-stack; PostgreSQL on 25442, three brokers on
+# 29102/29104/29106 beside three KRaft controllers on 29103/29105/29107, each
+# broker's listener for the suite's proxies on 29108-29110, advertised at
+# 29111-29113; override with PROMOFLOW_FAULTS_STACK_DIR,
+# PROMOFLOW_FAULTS_{PG,KAFKA,KAFKA_CONTROLLER,KAFKA_PROXIED,KAFKA_PROXY}_PORT and
+# PROMOFLOW_FAULTS_KAFKA_NODES), because its scenarios kill, stop and restart
+# them; installs Debian's prometheus when missing; runs TestFaults
 # (go test -tags faults ./scripts/faults; its checker's own test,
 # TestChecker_DetectsEachViolation, runs in every go test ./...); prints one
 # line per scenario and a final "faults: N passed, N failed" line; and stops
@@ -42,6 +46,8 @@ export PROMOFLOW_KAFKA_CONTROLLER_PORT=${PROMOFLOW_FAULTS_KAFKA_CONTROLLER_PORT:
 # listener advertised at the address of the suite's proxy for it.
 export PROMOFLOW_KAFKA_NODES=${PROMOFLOW_FAULTS_KAFKA_NODES:-3}
 export PROMOFLOW_KAFKA_PROXIED=1
+# A broker killed with -9 recovers its logs before it serves again.
+export PROMOFLOW_KAFKA_READY_TIMEOUT=${PROMOFLOW_KAFKA_READY_TIMEOUT:-300}
 [[ -z ${PROMOFLOW_FAULTS_KAFKA_PROXIED_PORT:-} ]] || export PROMOFLOW_KAFKA_PROXIED_PORT=$PROMOFLOW_FAULTS_KAFKA_PROXIED_PORT
 [[ -z ${PROMOFLOW_FAULTS_KAFKA_PROXY_PORT:-} ]] || export PROMOFLOW_KAFKA_PROXY_PORT=$PROMOFLOW_FAULTS_KAFKA_PROXY_PORT
 unset DATABASE_URL KAFKA_BROKERS KAFKA_PROXY_ROUTES PROMOFLOW_KAFKA_CONTROLLERS PROMOFLOW_KAFKA_HEAP
