@@ -67,6 +67,9 @@ func TestFaults(t *testing.T) {
 		failed := false
 		t.Run(fmt.Sprintf("%02d", sc.num), func(t *testing.T) {
 			defer func() { failed = t.Failed() }()
+			// A scenario starts on a whole stack, even when the one before
+			// failed with a server of it down.
+			s.stack(t, "up")
 			e := newEnv(t, s, sc)
 			if !e.waitReady(60 * time.Second) {
 				t.Fatal("processes did not become ready")
