@@ -94,6 +94,7 @@ func TestRelay_NackedBatchResendsOnlyTheRefusedEventsInOrder(t *testing.T) {
 	batch := purchaseEvents(t, 40, "relay-nacked")
 	after := [][]*message.Message{purchaseEvents(t, 10, "relay-after"), purchaseEvents(t, 1, "relay-after"), purchaseEvents(t, 10, "relay-after")}
 	writeOutbox(t, b, append(append(before, batch), after...)...)
+	waitVisible(t, b, len(before)+1+len(after))
 
 	kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "relay-test",
 		Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey)})
@@ -289,6 +290,19 @@ func writeOutbox(t testing.TB, b promotionBundle, txs ...[]*message.Message) {
 		require.NoError(t, outbox.PublishTx(tx, b.topic, msgs...))
 		require.NoError(t, tx.Commit())
 	}
+}
+
+// waitVisible waits until the relay can read all the outbox rows in one
+// query: it reads only transactions below the snapshot's xmin, and another
+// test's transaction that began before the last of them hides it until it
+// ends. Once visible, a row stays visible.
+func waitVisible(t *testing.T, b promotionBundle, rows int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.db.Get(&n, `SELECT count(*) FROM `+outbox.MessagesTable+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`)
+		return err == nil && n == rows
+	}, time.Minute, 10*time.Millisecond, "the relay cannot see all %d outbox rows", rows)
 }
 
 // relayed reads the topic until it holds as many records as txs has events,

@@ -153,6 +153,13 @@ func TestRelaySchema_StandingBackReadsNothingAndLocksNothing(t *testing.T) {
 	msg.Metadata.Set("aggregate_id", "a-1")
 	require.NoError(t, outbox.PublishTx(tx, "topic", msg))
 	require.NoError(t, tx.Commit())
+	// The relay reads only transactions below the snapshot's xmin: another
+	// test's transaction that began before this one hides the row until it ends.
+	require.Eventually(t, func() bool {
+		var n int
+		err := db.Get(&n, `SELECT count(*) FROM `+outbox.MessagesTable+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`)
+		return err == nil && n == 1
+	}, time.Minute, 10*time.Millisecond)
 	var back atomic.Bool
 	schema := outbox.RelaySchema(10, back.Load)
 	read := func() (rows int) {
