@@ -79,6 +79,14 @@ func send(t *testing.T, c net.Conn, line string) {
 	require.NoError(t, err)
 }
 
+// echoed sends a line and requires the upstream's echo of it.
+func echoed(t *testing.T, c net.Conn, r *bufio.Reader, line string) {
+	send(t, c, line)
+	got, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, line+"\n", got)
+}
+
 // quietFor is how long a test watches that nothing gets through.
 const quietFor = 500 * time.Millisecond
 
@@ -91,10 +99,7 @@ func TestProxy_BlackHoleForwardsNothingUntilHealThenEverything(t *testing.T) {
 	u := newUpstream(t)
 	p := startProxy(t, u)
 	c, r := dialLine(t, p)
-	send(t, c, "before")
-	line, err := r.ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "before\n", line)
+	echoed(t, c, r, "before")
 
 	p.blackHole()
 	send(t, c, "during")
@@ -184,12 +189,10 @@ func TestProxy_ResetEndsEveryConnectionAndRefusesNewOnes(t *testing.T) {
 	u := newUpstream(t)
 	p := startProxy(t, u)
 	c, r := dialLine(t, p)
-	send(t, c, "one")
-	_, err := r.ReadString('\n')
-	require.NoError(t, err)
+	echoed(t, c, r, "one")
 
 	p.resetAll(true)
-	_, err = r.ReadString('\n')
+	_, err := r.ReadString('\n')
 	require.Error(t, err, "an open connection ends")
 	// On loopback the reset may even reach the connecting side first.
 	if refused, err := net.Dial("tcp", p.addr()); err == nil {
