@@ -32,9 +32,10 @@ func killLeader(t *testing.T, e *env) int {
 	victim, led, err := e.s.leaderOfMost(e.topic)
 	must(t, err)
 	killedAt := time.Now()
-	relayed := e.relayedTotal()
 	e.s.nodes(t, "kill", victim)
 	e.fault()
+	// Counted once the kill is done, so that only a publish after it counts.
+	relayed := e.relayedTotal()
 	elected := e.waitISR(2, time.Minute, victim)
 	resumed := e.waitRelayed(relayed, time.Minute, "after the leader was killed")
 	tr.waitCreated(100, 30*time.Second, "after the leader was killed")
@@ -99,6 +100,7 @@ func twoBrokersDown(t *testing.T, e *env) int {
 	e.s.nodes(t, "down", 2, 3)
 	e.fault()
 	e.waitISR(1, time.Minute, 2, 3)
+	tr.waitCreated(50, 30*time.Second, "while two brokers were down")
 	var refused bool
 	if _, ok := eventually(e.ctx, time.Minute, func() bool {
 		now, err := sumMetric(e.promotions, "promotion_outbox_relay_step_backs_total")

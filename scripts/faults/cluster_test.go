@@ -134,29 +134,38 @@ func (e *env) waitISR(size int, timeout time.Duration, gone ...int32) time.Durat
 	return took
 }
 
-// checkReplication wants the purchase topic created with three replicas,
-// two of them in sync for a write (kafkakit.ReplicationFor the cluster).
+// checkReplication wants the purchase topic, the DLQ and the replay topic
+// created with three replicas, two of them in sync for a write
+// (kafkakit.ReplicationFor the cluster).
 func (e *env) checkReplication() {
-	parts, err := e.s.partitions(e.topic)
+	for _, topic := range []string{e.topic, e.dlq, e.replay} {
+		e.checkTopicReplication(topic)
+	}
+}
+
+// checkTopicReplication: every partition of topic has three replicas, and
+// the topic takes a write with two in sync.
+func (e *env) checkTopicReplication(topic string) {
+	parts, err := e.s.partitions(topic)
 	if err != nil {
-		e.violate("replication of %s: %v", e.topic, err)
+		e.violate("replication of %s: %v", topic, err)
 		return
 	}
 	for _, p := range parts {
 		if len(p.replicas) != 3 {
-			e.violate("%s/%d has %d replicas, want 3", e.topic, p.id, len(p.replicas))
+			e.violate("%s/%d has %d replicas, want 3", topic, p.id, len(p.replicas))
 			return
 		}
 	}
 	admin, err := e.s.admin()
 	if err != nil {
-		e.violate("replication of %s: %v", e.topic, err)
+		e.violate("replication of %s: %v", topic, err)
 		return
 	}
 	defer admin.Close()
-	configs, err := kafkakit.TopicConfigs(admin, e.topic, "min.insync.replicas")
+	configs, err := kafkakit.TopicConfigs(admin, topic, "min.insync.replicas")
 	if err != nil || configs["min.insync.replicas"] != "2" {
-		e.violate("%s: min.insync.replicas %q, want 2 (%v)", e.topic, configs["min.insync.replicas"], err)
+		e.violate("%s: min.insync.replicas %q, want 2 (%v)", topic, configs["min.insync.replicas"], err)
 	}
 }
 

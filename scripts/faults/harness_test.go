@@ -27,7 +27,7 @@ import (
 
 var (
 	form = flag.String("faults.form", "short", "short (CI, a few minutes) or full (the sizes in the scenarios' names)")
-	only = flag.String("faults.only", "", "run only the scenarios whose number or name contains this")
+	only = flag.String("faults.only", "", "run only the scenarios whose number or name contains this (or one of these, comma-separated)")
 )
 
 // size picks a scenario size by form.

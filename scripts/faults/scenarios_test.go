@@ -5,6 +5,7 @@ package faults
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,7 +57,9 @@ func TestFaults(t *testing.T) {
 	s := newSuite(t)
 	var results []result
 	for _, sc := range scenarios {
-		if *only != "" && !strings.Contains(fmt.Sprintf("%d %s", sc.num, sc.name), *only) {
+		if *only != "" && !slices.ContainsFunc(strings.Split(*only, ","), func(o string) bool {
+			return strings.Contains(fmt.Sprintf("%d %s", sc.num, sc.name), o)
+		}) {
 			continue
 		}
 		if sc.full && *form != "full" {
