@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promoflow/promoflow/router/tlstest"
+	"github.com/promoflow/promoflow/handlers/tlstest"
 )
 
 // CA is a certificate authority made afresh for one test: nothing that looks

@@ -4,7 +4,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/promoflow/promoflow/router/tlstest"
+	"github.com/promoflow/promoflow/handlers/tlstest"
 )
 
 // Certs are PEM files made afresh for one test broker: a CA that signs the
