@@ -49,8 +49,9 @@ func (b *promotionBundle) startWith(t testing.TB, interval time.Duration, cfg ex
 }
 
 // startRouter is startWith with the router's config: its brokers, and short
-// janitor and poll intervals where it sets none, are filled in.
-func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig, cfg expire.Config, log *slog.Logger) {
+// janitor and poll intervals where it sets none, are filled in. The returned
+// stop stops the router before the test ends.
+func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig, cfg expire.Config, log *slog.Logger) (stop func()) {
 	t.Helper()
 	cfg.Topic = b.topic
 	exp, err := expire.New(b.db, cfg, log)
@@ -63,7 +64,7 @@ func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig,
 	rcfg.OutboxPollInterval = cmp.Or(rcfg.OutboxPollInterval, 20*time.Millisecond)
 	p, err := router.NewPromotion(b.db, exp, m, log, rcfg)
 	require.NoError(t, err)
-	catalogtest.RunUntilCleanup(t, p.Run, p.Router.IsRunning)
+	return catalogtest.RunUntilCleanup(t, p.Run, p.Router.IsRunning)
 }
 
 func TestPromotion_ExpiredPurchaseEventIsPublishedToKafka(t *testing.T) {

@@ -51,9 +51,9 @@ func BenchmarkRelay(b *testing.B) {
 				if i%2 == 0 {
 					bareSecs += bareSend(b, n)
 				}
-				secs, mb := relay(b, n, perTx)
-				relaySecs += secs
-				peakMB = max(peakMB, mb)
+				run := relay(b, n, perTx, 1)
+				relaySecs += run.secs
+				peakMB = max(peakMB, run.peakMB)
 				if i%2 == 1 {
 					bareSecs += bareSend(b, n)
 				}
@@ -89,34 +89,60 @@ func bareSend(b *testing.B, n int) float64 {
 	return secs
 }
 
-// relay writes n events to the outbox, perTx per transaction, and returns the
-// seconds the relay takes to get them onto a topic of 6 partitions and the
-// process's peak RSS meanwhile (MiB).
-func relay(b *testing.B, n, perTx int) (float64, float64) {
-	bundle := promotionBundle{db: pgtest.DB(b), topic: kafkatest.Topic(b, 6)}
+// relayRun is what one run of the relay measured.
+type relayRun struct {
+	// secs is from the outbox rows becoming visible until every event is relayed.
+	secs float64
+	// peakMB is the test process's peak RSS meanwhile (MiB), every relay's together.
+	peakMB float64
+	// relayed is how many events each process relayed.
+	relayed []float64
+}
+
+// relay writes n events to the outbox, perTx per transaction, and measures
+// how long processes promotion routers take to get them onto a topic of 6
+// partitions. Each router has a pool of its own on the database, as separate
+// processes have, and its own Kafka producer; their expirers are idle.
+func relay(b *testing.B, n, perTx, processes int) relayRun {
+	url, topic := pgtest.DatabaseURL(b), kafkatest.Topic(b, 6)
+	procs := make([]promotionBundle, processes)
+	for i := range procs {
+		procs[i] = promotionBundle{db: pgtest.Open(b, url), topic: topic}
+	}
 	// The relay reads no row of a transaction that began after the oldest one
 	// still open (pg_snapshot_xmin). Holding gate open while the rows are
-	// written and the router starts makes them all visible at once at its commit.
-	gate := bundle.db.MustBegin()
+	// written and the routers start makes them all visible at once at its commit.
+	gate := procs[0].db.MustBegin()
 	gate.MustExec(`SELECT pg_current_xact_id()`)
 	msgs := benchMessages(b, n)
 	var txs [][]*message.Message
 	for i := 0; i < n; i += perTx {
 		txs = append(txs, msgs[i:min(i+perTx, n)])
 	}
-	writeOutbox(b, bundle, txs...)
-	bundle.startRouter(b, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	writeOutbox(b, procs[0], txs...)
+	for i := range procs {
+		stop := procs[i].startRouter(b, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+		defer stop()
+	}
+	run := relayRun{relayed: make([]float64, processes)}
+	relayed := func() float64 {
+		var sum float64
+		for i, p := range procs {
+			run.relayed[i] = testutil.ToFloat64(p.metrics.OutboxRelayed)
+			sum += run.relayed[i]
+		}
+		return sum
+	}
 
 	resetPeakRSS(b)
 	start := time.Now()
 	require.NoError(b, gate.Commit())
-	require.Eventually(b, func() bool {
-		return testutil.ToFloat64(bundle.metrics.OutboxRelayed) == float64(n)
-	}, 10*time.Minute, time.Millisecond)
-	secs := time.Since(start).Seconds()
-	peak := peakRSSMB(b)
-	require.EqualValues(b, n, catalogtest.TopicSize(b, bundle.topic))
-	return secs, peak
+	require.Eventually(b, func() bool { return relayed() >= float64(n) }, 10*time.Minute, time.Millisecond,
+		"the relay did not relay the outbox's %d events", n)
+	run.secs = time.Since(start).Seconds()
+	run.peakMB = peakRSSMB(b)
+	require.EqualValues(b, n, catalogtest.TopicSize(b, topic), "the topic holds each of the outbox's events once")
+	return run
 }
 
 // benchMessages are the Expired events of n purchases.
