@@ -172,7 +172,11 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
 	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + ReplayGroupSuffix} {
-		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, wlog, claims.Tracer())
+		var onSession func()
+		if topic == cfg.Topic {
+			onSession = m.GroupSessions.Inc
+		}
+		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, wlog, claims.Tracer(onSession))
 		if err != nil {
 			return nil, err
 		}

@@ -154,7 +154,7 @@ func malformedRecords(t *testing.T, e *env) int {
 	must(t, errors.Join(err1, err2))
 
 	n := size(1000, 10000)
-	producer, err := sarama.NewSyncProducer([]string{e.s.brokers}, e.s.cluster().DurableProducerConfig("faults"))
+	producer, err := sarama.NewSyncProducer(e.s.cluster().Brokers, e.s.cluster().DurableProducerConfig("faults"))
 	must(t, err)
 	defer producer.Close()
 	bad := map[string]bool{}
