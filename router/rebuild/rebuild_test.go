@@ -75,21 +75,7 @@ func TestCatalog_DeterministicReplayAfterRebuild(t *testing.T) {
 	projects, objects := cards(t, b)
 	b.Start(t)
 	h := &history{}
-	for i := range 12 {
-		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i, catalogtest.Target(event.TargetProject, projects[i%2]),
-			catalogtest.Target(event.TargetPropertyObject, objects[i%len(objects)]))
-		msg := h.produce(t, b, ev)
-		if i%4 == 1 {
-			h.redeliver(t, b, msg, ev)
-		}
-		if i%3 == 0 {
-			removed := ev
-			removed.Status, removed.Version = []event.Status{event.StatusExpired, event.StatusCancelled}[i%2], 2
-			h.produce(t, b, removed)
-			h.produce(t, b, ev) // a stale snapshot after the removal
-		}
-	}
-	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+	produceHistory(t, b, h, projects, objects, 12)
 	corrupt(t, b, h)
 	marks := dedupMarks(t, b)
 
