@@ -187,8 +187,8 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 //
 //   - old: the purchases' contributions before the batch. The purchase locks
 //     are held, so no other event changes them before "written" does
-//     (a ResetTx in flight holds the table, and this statement waits
-//     before its snapshot).
+//     (a whole-projection writer in flight holds the table, and this
+//     statement waits before its snapshot).
 //   - written: the version guard per purchase (a stale event writes nothing)
 //     and per row; a duplicate (same version and values) writes nothing.
 //   - changed: new − old active weight of each written target, zeros left
