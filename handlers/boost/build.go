@@ -93,7 +93,7 @@ type Built struct {
 const sortMemory = `SET LOCAL work_mem = '256MB'; SET LOCAL maintenance_work_mem = '256MB'`
 
 // LoadTx builds the new replica from the staged events, in tx: each
-// purchase's latest event (EventTable.latestSQL) gives one contribution per
+// purchase's latest event (EventTable.LatestSQL) gives one contribution per
 // card target, as the consumer's version guard leaves them. The table is
 // logged, with the live one's constraints and indexes, because it becomes
 // the live one.
@@ -103,7 +103,7 @@ func (b Build) LoadTx(ctx context.Context, tx *sqlx.Tx) (Built, error) {
 		CREATE TABLE `+b.contributions()+` (LIKE catalog.promotion_contributions INCLUDING ALL)`); err != nil {
 		return out, fmt.Errorf("create new replica: %w", err)
 	}
-	err := tx.QueryRowxContext(ctx, `WITH latest AS (`+b.Events.latestSQL()+`), written AS (
+	err := tx.QueryRowxContext(ctx, `WITH latest AS (`+b.Events.LatestSQL()+`), written AS (
 			INSERT INTO `+b.contributions()+` (purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
 			SELECT l.purchase_id, t.kind, t.id, l.boost_weight, l.status, l.version, l.status = 'Active', l.ends_at, now()
 			FROM latest l, unnest(l.target_kinds, l.target_ids) AS t(kind, id)
@@ -154,7 +154,7 @@ type Folded struct {
 // upsert that keeps the newer row. The change of each target's active weight
 // goes into the sums.
 func (b Build) foldSQL() string {
-	return `WITH ev AS (` + b.Tail.latestSQL() + `), old AS (
+	return `WITH ev AS (` + b.Tail.LatestSQL() + `), old AS (
 		SELECT c.purchase_id, c.target_kind, c.target_id, c.version, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight
 		FROM ` + b.contributions() + ` c WHERE c.purchase_id IN (SELECT purchase_id FROM ev)
 	), stored AS (

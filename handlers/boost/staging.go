@@ -62,13 +62,13 @@ func (t EventTable) CreateTx(ctx context.Context, tx *sqlx.Tx) error {
 	return nil
 }
 
-// latestSQL is each purchase's latest staged event: the highest Version and,
+// LatestSQL is each purchase's latest staged event: the highest Version and,
 // among equal versions, the record the consumer reads last (the greatest
 // offset of its partition; a purchase's records share a partition, by key).
 // It is the event the consumer's version guard leaves standing whatever the
 // order of the others: the replica is a function of it (a purchase's targets
 // never change: every event is a full snapshot of the purchase).
-func (t EventTable) latestSQL() string {
+func (t EventTable) LatestSQL() string {
 	return `SELECT DISTINCT ON (purchase_id) ` + strings.Join(eventColumns, ", ") + ` FROM ` + t.String() + `
 		ORDER BY purchase_id, version DESC, part DESC, off DESC`
 }
