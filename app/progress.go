@@ -67,7 +67,7 @@ func logProgress(ctx context.Context, what string, counts func() (bounded.Counts
 		case <-t.C:
 			if c, ok := counts(); ok {
 				log.Info(what+" progress", "phase", c.Phase, "offsetsDone", c.OffsetsDone, "offsetsTotal", c.OffsetsTotal,
-					"read", c.Read, "matched", c.Matched, "replayed", c.Replayed, "parked", c.Parked, "skipped", c.Skipped, "duplicates", c.Duplicates)
+					"read", c.Read, "matched", c.Matched, "replayed", c.Replayed, "parked", c.Parked, "skipped", c.Skipped)
 			}
 		}
 	}

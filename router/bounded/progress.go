@@ -17,15 +17,12 @@ type Progress struct {
 	Read atomic.Int64
 	// Matched counts records that passed the work's filter.
 	Matched atomic.Int64
-	// Replayed counts records forwarded (DLQ replay) or applied (rebuild).
+	// Replayed counts records forwarded (DLQ replay).
 	Replayed atomic.Int64
 	// Parked counts records left where they are on purpose (past --max-replays).
 	Parked atomic.Int64
 	// Skipped counts records that could not be used (they failed for good).
 	Skipped atomic.Int64
-	// Duplicates counts records acked as duplicates of one applied already
-	// (rebuild: the live consumer applied it after the reset).
-	Duplicates atomic.Int64
 }
 
 // Plan sets the total offsets of ranges.
@@ -75,7 +72,6 @@ type Counts struct {
 	Replayed     int64  `json:"replayed"`
 	Parked       int64  `json:"parked"`
 	Skipped      int64  `json:"skipped"`
-	Duplicates   int64  `json:"duplicates"`
 }
 
 // Snapshot reads every counter.
@@ -88,7 +84,7 @@ func (p *Progress) Snapshot() Counts {
 		Phase:       phase,
 		OffsetsDone: p.done.Load(), OffsetsTotal: p.total.Load(),
 		Read: p.Read.Load(), Matched: p.Matched.Load(), Replayed: p.Replayed.Load(),
-		Parked: p.Parked.Load(), Skipped: p.Skipped.Load(), Duplicates: p.Duplicates.Load(),
+		Parked: p.Parked.Load(), Skipped: p.Skipped.Load(),
 	}
 }
 
