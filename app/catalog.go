@@ -77,7 +77,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: cfg.Consumer.Topic, Chain: c.Chain, Log: log})
+	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: cfg.Consumer.Topic, Log: log})
 	if err != nil {
 		return err
 	}

@@ -357,13 +357,13 @@ func TestKafkaSecurity_OperatorCommandsUseTheSameSettings(t *testing.T) {
 	out = status.output()
 	require.Zero(t, status.cmd.ProcessState.ExitCode(), out)
 	var st struct {
-		State   string
-		Applied int64
-		Skipped int64
+		State     string
+		Purchases int64
+		Skipped   int64
 	}
 	require.NoError(t, json.Unmarshal([]byte(status.stdout.String()), &st), out)
 	require.Equal(t, "done", st.State, out)
-	require.EqualValues(t, 1, st.Applied, "the purchase, read over SASL_SSL")
+	require.EqualValues(t, 1, st.Purchases, "the purchase, read over SASL_SSL")
 	require.EqualValues(t, 1, st.Skipped, "the poison record")
 
 	// The same commands with a wrong password are refused at start.

@@ -18,7 +18,7 @@ const progressLogEvery = 5 * time.Second
 
 // showProgress follows long work until the returned stop is called: a
 // progress bar of offsets on a terminal (stderr), a log record every few
-// seconds otherwise.
+// seconds otherwise. Both name the phase of work of several phases.
 func showProgress(ctx context.Context, what string, counts func() (bounded.Counts, bool), log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -36,8 +36,13 @@ func drawBar(ctx context.Context, what string, counts func() (bounded.Counts, bo
 		progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
+	phase := ""
 	for {
 		if c, ok := counts(); ok {
+			if c.Phase != phase {
+				phase = c.Phase
+				bar.Describe(what + ": " + phase)
+			}
 			if c.OffsetsTotal > 0 && bar.GetMax64() != c.OffsetsTotal {
 				bar.ChangeMax64(c.OffsetsTotal)
 			}
@@ -61,8 +66,8 @@ func logProgress(ctx context.Context, what string, counts func() (bounded.Counts
 			return
 		case <-t.C:
 			if c, ok := counts(); ok {
-				log.Info(what+" progress", "offsetsDone", c.OffsetsDone, "offsetsTotal", c.OffsetsTotal,
-					"read", c.Read, "matched", c.Matched, "replayed", c.Replayed, "parked", c.Parked, "skipped", c.Skipped, "duplicates", c.Duplicates)
+				log.Info(what+" progress", "phase", c.Phase, "offsetsDone", c.OffsetsDone, "offsetsTotal", c.OffsetsTotal,
+					"read", c.Read, "matched", c.Matched, "replayed", c.Replayed, "parked", c.Parked, "skipped", c.Skipped)
 			}
 		}
 	}

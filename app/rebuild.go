@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/promoflow/promoflow/handlers/event"
-	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
@@ -22,17 +20,20 @@ import (
 func runRebuild(ctx context.Context, args []string) error {
 	var (
 		common commonConfig
-		topic  string
+		cfg    rebuild.Config
 		status bool
-		noPrep bool
 	)
-	s := newSettings("rebuild", "Rebuilds the PromotionBoost projection: resets contributions and card boosts, then replays the\n"+
-		"purchase topic (a compacted changelog) from its earliest offset. It refuses, changing nothing, when the\n"+
-		"topic no longer holds every purchase. Catalog processes may keep running. --status prints the newest rebuild.")
+	s := newSettings("rebuild", "Rebuilds the PromotionBoost projection blue/green: builds a new replica and every card's boost\n"+
+		"beside the live projection from the purchase topic (a compacted changelog), catches up with the events\n"+
+		"that arrive meanwhile, and switches to it in one short transaction. Readers and the catalog consumer go on\n"+
+		"throughout; an interrupted rebuild leaves the live projection as it was. It refuses, changing nothing,\n"+
+		"when the topic no longer holds every purchase. --status prints the newest rebuild.")
 	common.registerStores(s)
-	s.str(&topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
+	s.str(&cfg.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.bool(&status, "status", "REBUILD_STATUS", false, "print the newest rebuild's state as JSON and exit")
-	registerPreparedStatements(s, &noPrep)
+	s.int(&cfg.SwitchRecords, "switch-records", "REBUILD_SWITCH_RECORDS", rebuild.SwitchRecordsDefault,
+		"catch up until at most this many records arrived since; the switch folds those in while it holds the writers back")
+	s.int(&cfg.CatchUps, "catch-ups", "REBUILD_CATCH_UPS", rebuild.CatchUpsDefault, "most catch-ups before the switch")
 	db, log, err := common.openCommand(ctx, s, args, "rebuild")
 	if err != nil {
 		return err
@@ -43,21 +44,11 @@ func runRebuild(ctx context.Context, args []string) error {
 	if status {
 		connect = func(context.Context, *slog.Logger) (kafkakit.Cluster, error) { return common.Kafka.cluster() }
 	}
-	cluster, err := connect(ctx, log)
-	if err != nil {
+	if cfg.Kafka, err = connect(ctx, log); err != nil {
 		return err
 	}
-	metrics, err := router.NewCatalogMetrics(prometheus.NewRegistry())
-	if err != nil {
-		return err
-	}
-	chain, closeChain, err := router.CatalogChain(db, metrics, log, router.CatalogConfig{Kafka: cluster, Topic: topic,
-		DisablePreparedStatements: noPrep})
-	if err != nil {
-		return err
-	}
-	defer closeChain() //nolint:errcheck // statements of a connection pool about to close
-	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: topic, Chain: chain, Log: log})
+	cfg.DB, cfg.Log = db, log
+	rb, err := rebuild.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -74,7 +65,13 @@ func runRebuild(ctx context.Context, args []string) error {
 	stop := showProgress(ctx, "rebuild", rb.Live, log)
 	st, err := rb.Run(ctx)
 	stop()
-	fmt.Fprintf(os.Stdout, "rebuild %s %s: read %d, applied %d, duplicates %d, skipped %d, duration %s\n", st.ID, st.State,
-		st.Read, st.Applied, st.Duplicates, st.Skipped, time.Since(start).Round(time.Millisecond))
+	printRebuild(os.Stdout, st, time.Since(start))
 	return err
+}
+
+// printRebuild writes the one line a rebuild ends with.
+func printRebuild(w io.Writer, st rebuild.Status, took time.Duration) {
+	fmt.Fprintf(w, "rebuild %s %s (phase %s): read %d, skipped %d, purchases %d, contributions %d, catch-ups %d, "+
+		"cards changed %d, duration %s\n", st.ID, st.State, st.Phase, st.Read, st.Skipped, st.Purchases, st.Contributions,
+		st.CatchUps, st.CardsChanged, took.Round(time.Millisecond))
 }

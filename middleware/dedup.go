@@ -3,11 +3,9 @@ package middleware
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -52,42 +50,9 @@ func (c DedupConfig) skipped(msg *message.Message, key string) {
 	}
 }
 
-// duplicateReportKey is the context key of WithDuplicateReport.
-type duplicateReportKey struct{}
-
-// WithDuplicateReport returns a context for a message and a function that
-// tells, once the chain returned, whether GroupCommit acked that message as a
-// duplicate: a caller that runs records through the chain itself (the
-// projection rebuild) counts duplicates apart from the records it applied.
-func WithDuplicateReport(ctx context.Context) (context.Context, func() bool) {
-	seen := new(atomic.Bool)
-	return context.WithValue(ctx, duplicateReportKey{}, seen), seen.Load
-}
-
-// reportDuplicate marks the report of ctx, if it has one.
-func reportDuplicate(ctx context.Context) {
-	if seen, ok := ctx.Value(duplicateReportKey{}).(*atomic.Bool); ok {
-		seen.Store(true)
-	}
-}
-
 func (c *DedupConfig) setDefaults() {
 	c.KeyPrefix = cmp.Or(c.KeyPrefix, DedupKeyPrefixDefault)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
-}
-
-// ResetDedupTx forgets every dedup key with prefix, in tx: a projection
-// rebuild does so with its reset, so that the replay that follows is applied
-// rather than skipped as duplicates.
-func ResetDedupTx(ctx context.Context, tx *sqlx.Tx, prefix string) error {
-	if prefix == "" {
-		return errors.New("reset dedup keys: prefix is required")
-	}
-	_, err := tx.ExecContext(ctx, `DELETE FROM catalog.processed_messages WHERE starts_with(key, $1)`, prefix)
-	if err != nil {
-		return fmt.Errorf("reset dedup keys: %w", err)
-	}
-	return nil
 }
 
 // CleanupDedupKeys deletes dedup keys older than keep, batch by batch through

@@ -161,22 +161,6 @@ func TestCleanupDedupKeys_DeletesOnlyKeysPastRetention(t *testing.T) {
 	require.Equal(t, []string{"catalog-promotion:purchase-changed:new"}, processedKeys(t, db))
 }
 
-func TestResetDedupTx_ForgetsOnlyKeysWithItsPrefix(t *testing.T) {
-	t.Parallel()
-	db := catalogDB(t)
-	_, err := db.Exec(`INSERT INTO catalog.processed_messages (key) VALUES
-		('catalog-promotion:purchase-changed:a'), ('catalog-promotion:purchase-changed:b'), ('another-consumer:a')`)
-	require.NoError(t, err)
-	tx := db.MustBegin()
-	require.NoError(t, middleware.ResetDedupTx(context.Background(), tx, middleware.DedupKeyPrefixDefault))
-	require.NoError(t, tx.Commit())
-	require.Equal(t, []string{"another-consumer:a"}, processedKeys(t, db))
-
-	tx = db.MustBegin()
-	defer tx.Rollback() //nolint:errcheck
-	require.ErrorContains(t, middleware.ResetDedupTx(context.Background(), tx, ""), "prefix is required")
-}
-
 func TestDedup_ConfigRefusesAPrefixThatIsNotAKeyPrefix(t *testing.T) {
 	t.Parallel()
 	err := middleware.GroupCommitConfig{DB: &sqlx.DB{}, Dedup: middleware.DedupConfig{KeyPrefix: "catalog-promotion"}}.Validate()

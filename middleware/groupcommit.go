@@ -142,8 +142,7 @@ func NewGroupCommit[T, R any](cfg GroupCommitConfig, apply ApplyFunc[T, R], lock
 // Do applies item for msg in the next transaction and waits for its commit.
 // Items with equal serial never share a transaction and are taken in the
 // order they came. dup is true when msg's dedup key was stored already:
-// nothing was applied, and the report of msg's context (WithDuplicateReport)
-// says so. When msg's context ends first, Do returns its error; a transaction
+// nothing was applied. When msg's context ends first, Do returns its error; a transaction
 // that took the item may still commit it, and the redelivery is then a
 // duplicate.
 func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (result R, dup bool, err error) {
@@ -168,7 +167,6 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 			// Here, in the handler's goroutine: only a message acked as a
 			// duplicate is reported as one.
 			g.cfg.Dedup.skipped(msg, w.key)
-			reportDuplicate(msg.Context())
 		}
 		return w.result, w.dup, w.err
 	case <-msg.Context().Done():

@@ -118,9 +118,7 @@ func (c *CatalogConfig) setDefaults() {
 // Catalog is the catalog context's single Watermill router: the Promotion
 // Boost consumer on the purchase-changed topic and on the replay topic.
 type Catalog struct {
-	Router *message.Router
-	// Chain is the consumer chain without its poison queue, for the rebuild.
-	Chain   message.HandlerFunc
+	Router  *message.Router
 	closers []func() error
 	tickers []*tickSource
 	enabled bool
@@ -146,8 +144,6 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	}
 	c.closers = append(c.closers, mw.close)
 	handle := consume(m, log, mw.unitOfWork)
-
-	c.Chain = chain(handle, mw.retry, mw.contractVersion, mw.process, mw.store)
 	if !cfg.Enabled {
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
@@ -240,20 +236,6 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	}, nil
 }
 
-// CatalogChain is the consumer chain without the poison queue, for a
-// projection rebuild run outside a catalog process: retry → contract version →
-// handler through the unit of work with dedup. The returned close releases its prepared
-// statements.
-func CatalogChain(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig) (message.HandlerFunc, func() error, error) {
-	cfg.setDefaults()
-	mw, err := newCatalogMiddlewares(db, m, log, cfg, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	h := chain(consume(m, log, mw.unitOfWork), mw.retry, mw.contractVersion, mw.process, mw.store)
-	return h, mw.close, nil
-}
-
 // newDLQPublisher writes dead letters under their record's key, so that the
 // dead letters of one purchase share a partition and a replay keeps their order.
 func newDLQPublisher(cluster kafkakit.Cluster, wlog watermillLogger) (*kafka.Publisher, error) {
@@ -266,15 +248,6 @@ func newDLQPublisher(cluster kafkakit.Cluster, wlog watermillLogger) (*kafka.Pub
 		return nil, fmt.Errorf("dlq publisher: %w", err)
 	}
 	return pub, nil
-}
-
-// chain applies middlewares to h, the first outermost, as the router does.
-func chain(h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) message.HandlerFunc {
-	out := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
-	for i := len(mws) - 1; i >= 0; i-- {
-		out = mws[i](out)
-	}
-	return out
 }
 
 // Ready reports whether the consumer runs (or is switched off by the flag).

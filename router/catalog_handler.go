@@ -22,8 +22,8 @@ type unitOfWork = middleware.GroupCommit[event.PurchaseChanged, boost.Outcome]
 // the same time. A payload that breaks the contract returns its
 // *event.ContractError, a record keyed otherwise its *event.KeyError; the
 // retry middleware makes both permanent (DLQ). Every message comes from a
-// Kafka record with its key: the subscriber's, or one that a rebuild names
-// with kafkakit.WithKey; a message without one fails the key check.
+// Kafka record with its key (the subscriber's); a message without one fails
+// the key check.
 func consume(m *CatalogMetrics, log *slog.Logger, uow *unitOfWork) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		start := time.Now()

@@ -56,7 +56,7 @@ func TestConsumer_KeyMustEqualPurchaseId(t *testing.T) {
 	b.Produce(t, ev)
 	b.WaitBoost(t, event.TargetProject, project, 10)
 
-	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic, Chain: b.Catalog.Chain,
+	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
 		Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)

@@ -187,8 +187,8 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 //
 //   - old: the purchases' contributions before the batch. The purchase locks
 //     are held, so no other event changes them before "written" does
-//     (a ResetTx in flight holds the table, and this statement waits
-//     before its snapshot).
+//     (a whole-projection writer in flight holds the table, and this
+//     statement waits before its snapshot).
 //   - written: the version guard per purchase (a stale event writes nothing)
 //     and per row; a duplicate (same version and values) writes nothing.
 //   - changed: new − old active weight of each written target, zeros left
@@ -217,13 +217,7 @@ const applySQL = `WITH ev AS (
 	FROM unnest($7::bigint[], $8::text[], $9::uuid[]) AS t(i, kind, id)
 		JOIN ev e ON e.i = t.i JOIN stored s ON s.i = t.i
 	WHERE e.version >= s.version
-	ON CONFLICT (purchase_id, target_kind, target_id) DO UPDATE SET
-		boost_weight = excluded.boost_weight, status = excluded.status, version = excluded.version,
-		active = excluded.active, ends_at = excluded.ends_at, updated_at = excluded.updated_at
-	WHERE c.version <= excluded.version
-		AND (c.boost_weight, c.status, c.version, c.ends_at)
-			IS DISTINCT FROM (excluded.boost_weight, excluded.status, excluded.version, excluded.ends_at)
-	RETURNING c.purchase_id, c.target_kind, c.target_id, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight
+	` + upsertContributionSQL + `
 ), changed AS (
 	SELECT w.purchase_id, w.target_kind AS kind, w.target_id AS id, w.weight - coalesce(o.weight, 0) AS d
 	FROM written w LEFT JOIN old o
@@ -267,6 +261,20 @@ const applySQL = `WITH ev AS (
 )
 SELECT array_agg(s.version ORDER BY s.i) AS stored, array_agg(coalesce(pp.cards, 0) ORDER BY s.i) AS cards
 FROM stored s LEFT JOIN per_purchase pp ON pp.purchase_id = s.purchase_id`
+
+// upsertContributionSQL ends the insert of contributions (table alias c)
+// with the per-row version guard: a row is replaced by a snapshot of the same
+// or a newer version only, and not written at all when nothing changes. It
+// returns each written row with its active weight (0 when inactive). The
+// consumer's apply and a rebuild's catch-up share it, so that both keep the
+// newest snapshot the same way.
+const upsertContributionSQL = `ON CONFLICT (purchase_id, target_kind, target_id) DO UPDATE SET
+		boost_weight = excluded.boost_weight, status = excluded.status, version = excluded.version,
+		active = excluded.active, ends_at = excluded.ends_at, updated_at = excluded.updated_at
+	WHERE c.version <= excluded.version
+		AND (c.boost_weight, c.status, c.version, c.ends_at)
+			IS DISTINCT FROM (excluded.boost_weight, excluded.status, excluded.version, excluded.ends_at)
+	RETURNING c.purchase_id, c.target_kind, c.target_id, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight`
 
 // wrap adds context to a database error and classifies as ErrConflict the
 // errors that a rollback and an immediate retry can clear: serialization

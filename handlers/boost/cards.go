@@ -69,7 +69,7 @@ func UpsertProjectCardTx(ctx context.Context, tx *sqlx.Tx, c ProjectCard) error 
 		return err
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.project_cards (`+projectColumns+`)
-		VALUES ($1::uuid, $2, $3, $4, $5::numeric, $6, $7::numeric, `+projectBoost("$1::uuid")+`, now())
+		VALUES ($1::uuid, $2, $3, $4, $5::numeric, $6, $7::numeric, `+projectBoost(replicaSums, "$1::uuid")+`, now())
 		ON CONFLICT (id) DO UPDATE SET
 			title = excluded.title, status = excluded.status, visibility = excluded.visibility,
 			min_price = excluded.min_price, property_objects_available = excluded.property_objects_available,
@@ -97,7 +97,7 @@ func UpsertPropertyObjectCardTx(ctx context.Context, tx *sqlx.Tx, c PropertyObje
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.property_object_cards (`+objectColumns+`)
 		VALUES ($1::uuid, $2::uuid, $3::boolean, $4, $5::numeric,
-			`+objectBoost("$1::uuid", "$2::uuid", "$3::boolean")+`, now())
+			`+objectBoost(replicaSums, "$1::uuid", "$2::uuid", "$3::boolean")+`, now())
 		ON CONFLICT (id) DO UPDATE SET
 			project_id = excluded.project_id, published = excluded.published, status = excluded.status,
 			price = excluded.price, promotion_boost = excluded.promotion_boost, updated_at = excluded.updated_at`,
@@ -142,23 +142,4 @@ func ListPropertyObjectCards(ctx context.Context, q sqlx.QueryerContext, project
 		return nil, fmt.Errorf("list property object cards: %w", err)
 	}
 	return cs, nil
-}
-
-// ResetTx empties the projection for a rebuild, in tx: it deletes every
-// contribution and sets every card's boost to 0. Card data other than the
-// boost is kept; the caller forgets the consumer's dedup marks in the same tx.
-// Events and card upserts wait until tx ends, so that none computes a boost
-// from the contributions being deleted and the replay's deltas start from zero.
-// It waits for the batches in flight without deadlocking them: it takes the
-// tables in the global lock order (lock.go), and the caller forgets the dedup
-// marks only after it.
-func ResetTx(ctx context.Context, tx *sqlx.Tx) error {
-	_, err := tx.ExecContext(ctx, lockProjectionSQL+`;
-		DELETE FROM catalog.promotion_contributions;
-		UPDATE catalog.project_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;
-		UPDATE catalog.property_object_cards SET promotion_boost = 0, updated_at = now() WHERE promotion_boost <> 0;`)
-	if err != nil {
-		return wrap("reset projection", err)
-	}
-	return nil
 }

@@ -95,28 +95,3 @@ func TestListPropertyObjectCards_ListsOneProjectsObjects(t *testing.T) {
 		}
 	}
 }
-
-func TestResetTx_ClearsContributionsAndBoostsOnly(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
-	project := b.newProject(t)
-	object := b.newObject(t, project, true)
-	b.apply(t, changed(uuid.New(), event.StatusActive, 40, 1, onProject(project)))
-	_, err := b.db.Exec(`INSERT INTO catalog.processed_messages (key) VALUES
-		('catalog-promotion:purchase-changed:' || gen_random_uuid()), ('another-consumer:' || gen_random_uuid())`)
-	require.NoError(t, err)
-	before, err := boost.GetProjectCard(ctx, b.db, project)
-	require.NoError(t, err)
-
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return boost.ResetTx(ctx, tx) }))
-
-	require.Zero(t, b.count(t, `SELECT count(*) FROM catalog.promotion_contributions`))
-	require.Equal(t, 0, b.objectBoost(t, object))
-	after, err := boost.GetProjectCard(ctx, b.db, project)
-	require.NoError(t, err)
-	require.Zero(t, after.PromotionBoost)
-	before.PromotionBoost, before.UpdatedAt = 0, after.UpdatedAt
-	require.Equal(t, before, after, "card data other than the boost is kept")
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM catalog.processed_messages`),
-		"dedup marks belong to the dedup middleware's reset")
-}

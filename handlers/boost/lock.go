@@ -27,11 +27,11 @@ import (
 //     shared cards queue in this cheap statement instead;
 //  3. the contribution table (the apply statement), last.
 //
-// A whole-projection writer (ResetTx, RecomputeAllTx: lockProjectionSQL)
-// takes the three tables EXCLUSIVE in the same order, card tables first,
-// then the contributions, and only then forgets the dedup keys (a rebuild).
-// It takes no advisory lock and needs no dedup key row that a batch holds
-// (a batch's new keys are invisible to it), so it waits only for the card
+// A whole-projection writer (a rebuild's switch, LockProjectionTx;
+// RecomputeAllTx: lockProjectionSQL) takes the three tables EXCLUSIVE in the
+// same order, card tables first, then the contributions. It takes no
+// advisory lock and needs no dedup key row that a batch holds, so it waits
+// only for the card
 // tables of batches in flight, while holding nothing they still need.
 //
 // A transaction waits only for a lock that comes later in this order than

@@ -212,29 +212,6 @@ func TestApply_EventsOfOnePurchaseSerialise(t *testing.T) {
 	}
 }
 
-func TestResetTx_RacingCardUpsertLeavesNoBoostBehind(t *testing.T) {
-	reset := func(ctx context.Context, tx *sqlx.Tx) error { return boost.ResetTx(ctx, tx) }
-	for _, resetFirst := range []bool{true, false} {
-		t.Run(fmt.Sprintf("reset first %t", resetFirst), func(t *testing.T) {
-			b := setup(t)
-			project := b.newProject(t)
-			object := b.newObject(t, project, true)
-			b.apply(t, changed(uuid.New(), event.StatusActive, 40, 1, onProject(project)))
-			upsert := func(ctx context.Context, tx *sqlx.Tx) error {
-				return boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(object, project, true))
-			}
-			if resetFirst {
-				interleave(t, b, reset, upsert)
-			} else {
-				interleave(t, b, upsert, reset)
-			}
-
-			require.Zero(t, b.objectBoost(t, object), "a rebuild's replay starts from zero")
-			b.requireNoDrift(t)
-		})
-	}
-}
-
 func TestApply_ConcurrentEventsAndCardMovesLeaveNoDrift(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()

@@ -14,24 +14,39 @@ import (
 
 // The seed's formula, computed from the replica. Apply keeps every card equal
 // to it by deltas; the card upserts compute it for the one card they write,
-// and Drift and RecomputeAllTx compare and repair every card against it.
+// and Drift and RecomputeAllTx compare and repair every card against it. A
+// rebuild computes it from the sums of the projection it built beside the
+// live one (Build.SwitchTx).
 
-// sumOf is the SQL sum of the active contributions of one target.
-func sumOf(kind event.TargetKind, id string) string {
+// sums is where the formula reads the SQL sum of the active contributions of
+// one target.
+type sums func(kind event.TargetKind, id string) string
+
+// replicaSums sums the replica's active contributions of the target.
+func replicaSums(kind event.TargetKind, id string) string {
 	return `(SELECT coalesce(sum(c.boost_weight), 0)::integer FROM catalog.promotion_contributions c
 		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
 }
 
+// tableSums reads the target's sum from a table of sums by target (a
+// rebuild's); a target it does not name sums to 0.
+func tableSums(table string) sums {
+	return func(kind event.TargetKind, id string) string {
+		return `coalesce((SELECT s.weight FROM ` + table + ` s
+			WHERE s.target_kind = '` + string(kind) + `' AND s.target_id = ` + id + `), 0)`
+	}
+}
+
 // projectBoost is the SQL boost of the project card with the given id.
-func projectBoost(id string) string { return sumOf(event.TargetProject, id) }
+func projectBoost(sum sums, id string) string { return sum(event.TargetProject, id) }
 
 // objectBoost is the SQL boost of a property-object card. The project part
 // counts only while the card is published, so that the value is a function of
 // the replica and the card alone: the cascade never reaches an unpublished
 // card, and a replay after a rebuild must reproduce every card.
-func objectBoost(id, projectID, published string) string {
-	return `(` + sumOf(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
-		sumOf(event.TargetProject, projectID) + ` ELSE 0 END)`
+func objectBoost(sum sums, id, projectID, published string) string {
+	return `(` + sum(event.TargetPropertyObject, id) + ` + CASE WHEN ` + published + ` THEN ` +
+		sum(event.TargetProject, projectID) + ` ELSE 0 END)`
 }
 
 // lockProjectionSQL holds back every writer of boosts (events, card upserts,
@@ -55,15 +70,35 @@ type CardDrift struct {
 	Want   int              `db:"want"`
 }
 
-// driftSQL lists the cards whose boost is not the formula's, in kind and id
-// order.
-var driftSQL = `SELECT kind, id, stored, want FROM (
-	SELECT 'Project' AS kind, id, promotion_boost AS stored, ` + projectBoost("id") + ` AS want
+// cardDriftSQL lists the cards whose boost is not the formula's over sum.
+func cardDriftSQL(sum sums) string {
+	return `SELECT kind, id, stored, want FROM (
+	SELECT 'Project' AS kind, id, promotion_boost AS stored, ` + projectBoost(sum, "id") + ` AS want
 	FROM catalog.project_cards
 	UNION ALL
-	SELECT 'PropertyObject', id, promotion_boost, ` + objectBoost("id", "project_id", "published") + `
+	SELECT 'PropertyObject', id, promotion_boost, ` + objectBoost(sum, "id", "project_id", "published") + `
 	FROM catalog.property_object_cards
 ) cards WHERE stored <> want`
+}
+
+// driftSQL lists the cards whose boost is not the replica's formula.
+var driftSQL = cardDriftSQL(replicaSums)
+
+// recomputeCardsSQL sets every card whose boost is not the formula's over
+// sum to the formula's value and counts them. Only promotion_boost is
+// written (INV-1).
+func recomputeCardsSQL(sum sums) string {
+	return `WITH drift AS (` + cardDriftSQL(sum) + `), projects AS (
+			UPDATE catalog.project_cards p SET promotion_boost = d.want, updated_at = now()
+			FROM drift d WHERE d.kind = 'Project' AND p.id = d.id
+			RETURNING 1
+		), objects AS (
+			UPDATE catalog.property_object_cards o SET promotion_boost = d.want, updated_at = now()
+			FROM drift d WHERE d.kind = 'PropertyObject' AND o.id = d.id
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`
+}
 
 // Drift lists the cards whose boost differs from the replica's sum, for an
 // audit of the deltas. It needs no lock: every committed write keeps the cards
@@ -86,17 +121,7 @@ func RecomputeAllTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		return 0, wrap("lock projection", err)
 	}
 	var n int
-	err := tx.GetContext(ctx, &n, `WITH drift AS (`+driftSQL+`), projects AS (
-			UPDATE catalog.project_cards p SET promotion_boost = d.want, updated_at = now()
-			FROM drift d WHERE d.kind = 'Project' AND p.id = d.id
-			RETURNING 1
-		), objects AS (
-			UPDATE catalog.property_object_cards o SET promotion_boost = d.want, updated_at = now()
-			FROM drift d WHERE d.kind = 'PropertyObject' AND o.id = d.id
-			RETURNING 1
-		)
-		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`)
-	if err != nil {
+	if err := tx.GetContext(ctx, &n, recomputeCardsSQL(replicaSums)); err != nil {
 		return 0, wrap("recompute cards", err)
 	}
 	return n, nil
@@ -142,12 +167,12 @@ func RepairTx(ctx context.Context, tx *sqlx.Tx, cards []CardDrift) (int, error) 
 	}
 	var n int
 	err = tx.GetContext(ctx, &n, `WITH projects AS (
-			UPDATE catalog.project_cards SET promotion_boost = `+projectBoost("id")+`, updated_at = now()
-			WHERE id = ANY($1::uuid[]) AND promotion_boost <> `+projectBoost("id")+`
+			UPDATE catalog.project_cards SET promotion_boost = `+projectBoost(replicaSums, "id")+`, updated_at = now()
+			WHERE id = ANY($1::uuid[]) AND promotion_boost <> `+projectBoost(replicaSums, "id")+`
 			RETURNING 1
 		), objects AS (
-			UPDATE catalog.property_object_cards SET promotion_boost = `+objectBoost("id", "project_id", "published")+`, updated_at = now()
-			WHERE id = ANY($2::uuid[]) AND promotion_boost <> `+objectBoost("id", "project_id", "published")+`
+			UPDATE catalog.property_object_cards SET promotion_boost = `+objectBoost(replicaSums, "id", "project_id", "published")+`, updated_at = now()
+			WHERE id = ANY($2::uuid[]) AND promotion_boost <> `+objectBoost(replicaSums, "id", "project_id", "published")+`
 			RETURNING 1
 		)
 		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`, pq.Array(projects), pq.Array(objects))

@@ -127,13 +127,27 @@ func TestAudit_ReplicaAgreesWithTheTopicAndNamesWhatDiffers(t *testing.T) {
 	require.EqualValues(t, 1, rep.Unreadable, "a record that breaks the contract is counted, not compared")
 }
 
+// TestAudit_RecordsTheConsumerHasNotReadArePendingNotDrift: for a group that
+// has consumed nothing, a purchase whose replica is behind the topic is
+// pending; one whose replica is at the topic's newest version is compared:
+// equal, or drift.
 func TestAudit_RecordsTheConsumerHasNotReadArePendingNotDrift(t *testing.T) {
 	b := setup(t)
 	a, err := audit.New(audit.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
 		ConsumerGroup: "pf-test-never-consumed", Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
+	var behind, changed uuid.UUID
+	require.NoError(t, b.DB.Get(&behind, `DELETE FROM catalog.promotion_contributions
+		WHERE purchase_id = (SELECT min(purchase_id::text)::uuid FROM catalog.promotion_contributions) RETURNING purchase_id`))
+	require.NoError(t, b.DB.Get(&changed, `UPDATE catalog.promotion_contributions SET boost_weight = boost_weight + 1
+		WHERE purchase_id = (SELECT max(purchase_id::text)::uuid FROM catalog.promotion_contributions) RETURNING purchase_id`))
+
 	rep, err := a.Replica(context.Background())
+
 	require.NoError(t, err)
-	require.EqualValues(t, 6, rep.Pending)
-	require.Zero(t, rep.Drifted)
+	require.EqualValues(t, 6, rep.Purchases)
+	require.EqualValues(t, 1, rep.Pending, "the purchase the replica does not hold yet")
+	require.Equal(t, 1, rep.Drifted, "the purchase whose replica is at the topic's version: %v", rep.Samples)
+	require.Equal(t, changed, rep.Samples[0].PurchaseId)
+	require.NotEqual(t, behind, changed)
 }

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
+	"sync/atomic"
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
+	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/bounded"
 )
@@ -18,7 +21,8 @@ import (
 // ReplicaReport is the replica's check against the purchase topic.
 type ReplicaReport struct {
 	// Purchases seen on the topic, of which Pending have a record the catalog
-	// consumer has not consumed yet (not compared) and Drifted differ.
+	// consumer has not consumed yet and a replica behind it (not compared),
+	// and Drifted differ.
 	Purchases int64 `json:"purchases"`
 	Pending   int64 `json:"pending"`
 	Drifted   int   `json:"drifted"`
@@ -39,7 +43,6 @@ type latest struct {
 	active  bool
 	weight  int
 	targets []event.Target // Project and PropertyObject only, sorted
-	pending bool
 }
 
 type contribution struct {
@@ -51,9 +54,20 @@ type contribution struct {
 	Weight     int       `db:"boost_weight"`
 }
 
-// Replica reads the whole purchase topic up to its end now, keeps each
-// purchase's newest event, and compares the replica's contributions with it.
-// Records the consumer group has not consumed yet make their purchase pending.
+// The staging tables of a replica check: temporary, of its one transaction.
+var (
+	auditEvents = boost.TempEventTable("audit_events") // the records up to the ends read
+	auditSince  = boost.TempEventTable("audit_since")  // the records past them, read after the replica
+)
+
+// Replica reads the whole purchase topic up to its end now into a staging
+// table of PostgreSQL (COPY), and compares each purchase's newest event with
+// the replica's contributions in SQL: its memory does not grow with the
+// topic. A purchase whose replica differs is pending, not drift, when the
+// catalog consumer has not consumed one of its records yet and the replica
+// is behind the topic; a replica at the topic's newest version is compared,
+// whatever the group's offsets say (a rebuild builds the replica from the
+// topic without moving them).
 //
 // The replica is read after the topic, so the live consumer can have applied
 // records past the end the check read: a purchase whose replica holds a
@@ -70,48 +84,44 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 		return r, err
 	}
 	defer client.Close()
-	want, ends, err := a.readTopic(ctx, client, &r)
+	ranges, committed, err := a.plan(ctx, client)
 	if err != nil {
 		return r, err
 	}
-	have, err := a.readReplica(ctx)
+	tx, err := a.cfg.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return r, fmt.Errorf("begin replica check: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // the staging tables go with it
+	var unreadable atomic.Int64
+	if err := a.stage(ctx, tx, client, auditEvents, ranges, &unreadable); err != nil {
+		return r, err
+	}
+	ahead, err := classifyTx(ctx, tx, committed)
 	if err != nil {
 		return r, err
 	}
-	later, err := a.readSince(ctx, client, ends, ahead(want, have))
-	if err != nil {
+	if ahead > 0 {
+		if err := a.settleAhead(ctx, tx, client, ranges, &unreadable); err != nil {
+			return r, err
+		}
+	}
+	if err := tx.GetContext(ctx, &r, `SELECT count(*) FILTER (WHERE on_topic OR state = 'pending') AS purchases,
+		count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'drift') AS drifted
+		FROM audit_outcome`); err != nil {
+		return r, fmt.Errorf("count replica check: %w", err)
+	}
+	r.Unreadable = unreadable.Load()
+	if r.Samples, err = a.samples(ctx, tx); err != nil {
 		return r, err
 	}
-	r.Purchases = int64(len(want))
-	var drift []PurchaseDrift
-	for id, l := range want {
-		if l.pending || later.holds(id, have[id]) {
-			r.Pending++
-			continue
-		}
-		if problem := compare(l, have[id]); problem != "" {
-			drift = append(drift, PurchaseDrift{id, problem})
-		}
-	}
-	for id, cs := range have {
-		switch _, ok := want[id]; {
-		case ok:
-		case later.holds(id, cs):
-			r.Purchases++
-			r.Pending++
-		default:
-			drift = append(drift, PurchaseDrift{id, "in the replica but not on the topic"})
-		}
-	}
-	slices.SortFunc(drift, func(x, y PurchaseDrift) int { return slices.Compare(x.PurchaseId[:], y.PurchaseId[:]) })
-	r.Drifted = len(drift)
-	r.Samples = drift[:min(len(drift), a.cfg.Samples)]
 	return r, nil
 }
 
-// readTopic reads every record up to the partitions' ends now, and returns
-// each purchase's newest event and the ranges it read.
-func (a *Auditor) readTopic(ctx context.Context, client *bounded.Client, r *ReplicaReport) (map[uuid.UUID]*latest, []bounded.Range, error) {
+// plan reads the partitions' ends now and the group's committed offsets,
+// and returns the ranges up to the ends and the offsets by partition (none:
+// absent).
+func (a *Auditor) plan(ctx context.Context, client *bounded.Client) ([]bounded.Range, map[int32]int64, error) {
 	parts, err := client.Partitions(a.cfg.Topic)
 	if err != nil {
 		return nil, nil, err
@@ -130,84 +140,99 @@ func (a *Auditor) readTopic(ctx context.Context, client *bounded.Client, r *Repl
 	for i, p := range parts {
 		ids[i], ranges[i] = p.Partition, p.Whole()
 	}
-	committed, err := admin.ListConsumerGroupOffsets(a.cfg.ConsumerGroup, map[string][]int32{a.cfg.Topic: ids})
+	res, err := admin.ListConsumerGroupOffsets(a.cfg.ConsumerGroup, map[string][]int32{a.cfg.Topic: ids})
 	if err != nil {
 		return nil, nil, fmt.Errorf("offsets of group %s: %w", a.cfg.ConsumerGroup, err)
 	}
-	consumed := func(p int32, offset int64) bool {
-		b := committed.GetBlock(a.cfg.Topic, p)
-		return b != nil && offset < b.Offset
+	committed := map[int32]int64{}
+	for _, p := range ids {
+		if b := res.GetBlock(a.cfg.Topic, p); b != nil && b.Offset >= 0 {
+			committed[p] = b.Offset
+		}
 	}
-	var mu sync.Mutex
-	want := map[uuid.UUID]*latest{}
-	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
-		ev, err := event.Parse(rec.Value)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			r.Unreadable++
-			return nil
-		}
-		l := want[ev.PurchaseId]
-		if l == nil {
-			l = &latest{}
-			want[ev.PurchaseId] = l
-		}
-		l.pending = l.pending || !consumed(rec.Partition, rec.Offset)
-		if ev.Version >= l.version {
-			*l = latest{version: ev.Version, active: ev.Status == event.StatusActive, weight: ev.BoostWeight,
-				targets: cardTargets(ev.Targets), pending: l.pending}
-		}
-		return nil
-	}, nil)
+	return ranges, committed, nil
+}
+
+// stage creates t in tx and copies the records of ranges into it.
+func (a *Auditor) stage(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
+	unreadable *atomic.Int64) error {
+	if err := t.CreateTx(ctx, tx); err != nil {
+		return err
+	}
+	loader, err := t.LoaderTx(ctx, tx, func(int32, int64, error) { unreadable.Add(1) })
 	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", a.cfg.Topic, err)
+		return err
 	}
-	return want, ranges, nil
+	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
+		return loader.Add(rec.Partition, rec.Offset, rec.Key, rec.Value)
+	}, nil)
+	if err := errors.Join(err, loader.Close()); err != nil {
+		return fmt.Errorf("read %s: %w", a.cfg.Topic, err)
+	}
+	return nil
 }
 
-// newest is the highest version of a purchase's contributions, 0 for none.
-func newest(cs []contribution) int64 {
-	var v int64
-	for _, c := range cs {
-		v = max(v, c.Version)
+// classifySQL sorts every purchase of the topic read or of the replica into
+// audit_outcome: ok (the replica holds the newest event's contributions),
+// drift, pending (a record not consumed yet, and a replica behind the
+// topic), or ahead (the replica is newer than the records read: settled by
+// the records since, settleAheadSQL). $1 and $2 are the group's committed
+// offsets by partition.
+var classifySQL = `CREATE TEMPORARY TABLE audit_outcome ON COMMIT DROP AS
+	WITH committed AS (SELECT * FROM unnest($1::integer[], $2::bigint[]) AS c(part, off)),
+	unconsumed AS (
+		SELECT DISTINCT e.purchase_id FROM ` + auditEvents.String() + ` e LEFT JOIN committed c ON c.part = e.part
+		WHERE c.off IS NULL OR e.off >= c.off
+	), newest AS (` + auditEvents.LatestSQL() + `),
+	expected AS (
+		SELECT n.purchase_id, t.kind, t.id, n.version, n.status = 'Active' AS active, n.boost_weight
+		FROM newest n, unnest(n.target_kinds, n.target_ids) AS t(kind, id)
+	), replica AS (
+		SELECT purchase_id, count(*) AS rows, max(version) AS version FROM catalog.promotion_contributions GROUP BY 1
+	), matched AS (
+		SELECT x.purchase_id, count(*) AS rows FROM expected x JOIN catalog.promotion_contributions c
+			ON (c.purchase_id, c.target_kind, c.target_id, c.version, c.active, c.boost_weight)
+			 = (x.purchase_id, x.kind, x.id, x.version, x.active, x.boost_weight)
+		GROUP BY 1
+	)
+	SELECT coalesce(n.purchase_id, r.purchase_id) AS purchase_id, n.purchase_id IS NOT NULL AS on_topic,
+		r.version AS replica_version, n.version, n.status, n.boost_weight, n.target_kinds, n.target_ids,
+		CASE
+			WHEN n.purchase_id IS NOT NULL AND coalesce(r.rows, 0) = cardinality(n.target_ids)
+				AND coalesce(m.rows, 0) = cardinality(n.target_ids) THEN 'ok'
+			WHEN n.purchase_id IS NOT NULL AND r.version = n.version THEN 'drift'
+			WHEN u.purchase_id IS NOT NULL AND coalesce(r.version, 0) < n.version THEN 'pending'
+			WHEN r.version > coalesce(n.version, 0) THEN 'ahead'
+			ELSE 'drift'
+		END AS state
+	FROM newest n FULL JOIN replica r ON r.purchase_id = n.purchase_id
+		LEFT JOIN matched m ON m.purchase_id = n.purchase_id
+		LEFT JOIN unconsumed u ON u.purchase_id = n.purchase_id`
+
+// classifyTx runs classifySQL and returns how many purchases are ahead.
+func classifyTx(ctx context.Context, tx *sqlx.Tx, committed map[int32]int64) (int64, error) {
+	parts, offs := make([]int64, 0, len(committed)), make([]int64, 0, len(committed))
+	for p, off := range committed {
+		parts, offs = append(parts, int64(p)), append(offs, off)
 	}
-	return v
+	if _, err := tx.ExecContext(ctx, classifySQL, pq.Array(parts), pq.Array(offs)); err != nil {
+		return 0, fmt.Errorf("compare replica with the topic: %w", err)
+	}
+	var ahead int64
+	if err := tx.GetContext(ctx, &ahead, `SELECT count(*) FROM audit_outcome WHERE state = 'ahead'`); err != nil {
+		return 0, fmt.Errorf("compare replica with the topic: %w", err)
+	}
+	return ahead, nil
 }
 
-// ahead names the purchases whose replica is newer than the records read:
-// a higher version, or no record at all.
-func ahead(want map[uuid.UUID]*latest, have map[uuid.UUID][]contribution) map[uuid.UUID]bool {
-	out := map[uuid.UUID]bool{}
-	for id, cs := range have {
-		if l, ok := want[id]; !ok || newest(cs) > l.version {
-			out[id] = true
-		}
-	}
-	return out
-}
-
-// versionsSince maps a purchase to the newest version its records since the
-// ends read hold.
-type versionsSince map[uuid.UUID]int64
-
-// holds reports whether the records since the ends hold the version of the
-// replica's contributions cs of purchase id, or a newer one.
-func (v versionsSince) holds(id uuid.UUID, cs []contribution) bool {
-	seen, ok := v[id]
-	return ok && len(cs) > 0 && seen >= newest(cs)
-}
-
-// readSince reads the records past the ends read, up to the partitions'
-// ends now, for the purchases in ids only; nothing when ids is empty.
-func (a *Auditor) readSince(ctx context.Context, client *bounded.Client, read []bounded.Range, ids map[uuid.UUID]bool) (versionsSince, error) {
-	out := versionsSince{}
-	if len(ids) == 0 {
-		return out, nil
-	}
+// settleAhead reads the records past the ends read, up to the partitions'
+// ends now (after the replica was read), and makes each purchase ahead
+// pending when they hold its replica's version or a newer one, drift
+// otherwise.
+func (a *Auditor) settleAhead(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, read []bounded.Range, unreadable *atomic.Int64) error {
 	parts, err := client.Partitions(a.cfg.Topic)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	ranges := make([]bounded.Range, 0, len(parts))
 	for _, p := range parts {
@@ -217,39 +242,69 @@ func (a *Auditor) readSince(ctx context.Context, client *bounded.Client, read []
 			}
 		}
 	}
-	var mu sync.Mutex
-	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
-		ev, err := event.Parse(rec.Value)
-		if err != nil || !ids[ev.PurchaseId] {
-			return nil
+	var ignored atomic.Int64 // counted by a later check, once past the ends it reads
+	if err := a.stage(ctx, tx, client, auditSince, ranges, &ignored); err != nil {
+		return fmt.Errorf("since the audit began: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE audit_outcome o SET state = CASE WHEN coalesce(
+			(SELECT max(s.version) FROM `+auditSince.String()+` s WHERE s.purchase_id = o.purchase_id), 0) >= o.replica_version
+		THEN 'pending' ELSE 'drift' END WHERE state = 'ahead'`); err != nil {
+		return fmt.Errorf("settle replica ahead of the topic: %w", err)
+	}
+	return nil
+}
+
+// outcome is a drifted purchase as audit_outcome holds it.
+type outcome struct {
+	PurchaseID uuid.UUID      `db:"purchase_id"`
+	OnTopic    bool           `db:"on_topic"`
+	Version    *int64         `db:"version"`
+	Status     *string        `db:"status"`
+	Weight     *int           `db:"boost_weight"`
+	Kinds      pq.StringArray `db:"target_kinds"`
+	IDs        pq.StringArray `db:"target_ids"`
+}
+
+// samples names the first drifted purchases, by id, and how each differs.
+func (a *Auditor) samples(ctx context.Context, tx *sqlx.Tx) ([]PurchaseDrift, error) {
+	var drifted []outcome
+	if err := tx.SelectContext(ctx, &drifted, `SELECT purchase_id, on_topic, version, status, boost_weight, target_kinds, target_ids
+		FROM audit_outcome WHERE state = 'drift' ORDER BY purchase_id LIMIT $1`, a.cfg.Samples); err != nil {
+		return nil, fmt.Errorf("drifted purchases: %w", err)
+	}
+	var out []PurchaseDrift
+	for _, o := range drifted {
+		if !o.OnTopic {
+			out = append(out, PurchaseDrift{o.PurchaseID, "in the replica but not on the topic"})
+			continue
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		out[ev.PurchaseId] = max(out[ev.PurchaseId], ev.Version)
-		return nil
-	}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("read %s since the audit began: %w", a.cfg.Topic, err)
+		var have []contribution
+		if err := tx.SelectContext(ctx, &have, `SELECT purchase_id, target_kind, target_id, version, active, boost_weight
+			FROM catalog.promotion_contributions WHERE purchase_id = $1 ORDER BY target_kind, target_id`, o.PurchaseID); err != nil {
+			return nil, fmt.Errorf("read replica of %s: %w", o.PurchaseID, err)
+		}
+		l, err := o.latest()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, PurchaseDrift{o.PurchaseID, compare(l, have)})
 	}
 	return out, nil
 }
 
-func (a *Auditor) readReplica(ctx context.Context) (map[uuid.UUID][]contribution, error) {
-	rows, err := a.cfg.DB.QueryxContext(ctx, `SELECT purchase_id, target_kind, target_id, version, active, boost_weight
-		FROM catalog.promotion_contributions ORDER BY purchase_id, target_kind, target_id`)
-	if err != nil {
-		return nil, fmt.Errorf("read replica: %w", err)
-	}
-	defer rows.Close()
-	have := map[uuid.UUID][]contribution{}
-	for rows.Next() {
-		var c contribution
-		if err := rows.StructScan(&c); err != nil {
-			return nil, fmt.Errorf("read replica: %w", err)
+// latest is the newest event of o.
+func (o outcome) latest() (*latest, error) {
+	l := &latest{version: *o.Version, active: *o.Status == string(event.StatusActive), weight: *o.Weight}
+	targets := make([]event.Target, len(o.IDs))
+	for i, id := range o.IDs {
+		tid, err := uuid.Parse(id)
+		if err != nil {
+			return nil, fmt.Errorf("staged target of %s: %w", o.PurchaseID, err)
 		}
-		have[c.PurchaseID] = append(have[c.PurchaseID], c)
+		targets[i] = event.Target{TargetKind: event.TargetKind(o.Kinds[i]), TargetId: tid}
 	}
-	return have, rows.Err()
+	l.targets = cardTargets(targets)
+	return l, nil
 }
 
 // cardTargets are the distinct Project and PropertyObject targets, in the

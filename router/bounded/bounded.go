@@ -54,10 +54,21 @@ type Client struct {
 	client sarama.Client
 }
 
+// Memory of a read, whatever the number of partitions: each fetch asks at
+// most fetchBytes of the broker, at most partitionBytes of one partition,
+// and each partition's reader holds at most bufferedRecords decoded records.
+const (
+	fetchBytes      = 4 << 20
+	partitionBytes  = 256 << 10
+	bufferedRecords = 64
+)
+
 // Dial connects to the cluster.
 func Dial(cluster kafkakit.Cluster, clientID string) (*Client, error) {
 	cfg := cluster.ClientConfig(clientID)
 	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.Fetch.MaxBytes, cfg.Consumer.Fetch.Default = fetchBytes, partitionBytes
+	cfg.ChannelBufferSize = bufferedRecords
 	// Looking a topic up must never create it.
 	cfg.Metadata.AllowAutoTopicCreation = false
 	c, err := sarama.NewClient(cluster.Brokers, cfg)

@@ -31,7 +31,9 @@ import (
 
 // Bundle is one catalog under test.
 type Bundle struct {
-	DB      *sqlx.DB
+	DB *sqlx.DB
+	// URL is the database's, for a process that a test starts.
+	URL     string
 	Cfg     router.CatalogConfig
 	Metrics *router.CatalogMetrics
 	Catalog *router.Catalog
@@ -43,8 +45,9 @@ type Bundle struct {
 // partitions (as production creates it), a replay topic and a DLQ.
 func New(t testing.TB, enabled bool) *Bundle {
 	t.Helper()
+	url := pgtest.DatabaseURL(t)
 	b := &Bundle{
-		DB: pgtest.DB(t),
+		DB: pgtest.Open(t, url), URL: url,
 		Cfg: router.CatalogConfig{
 			Kafka: kafkatest.Cluster(t), Enabled: enabled,
 			Topic:       kafkatest.TopicWith(t, kafkakit.Topic{Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact}),

@@ -11,7 +11,7 @@ import (
 // IncompleteError is a topic that no longer holds every purchase's latest
 // event: a partition's earliest offset is above 0 and the topic is not a
 // compacted changelog, so retention (or DeleteRecords) removed records that a
-// rebuild would need. The rebuild refuses before it wipes anything.
+// rebuild would need. The rebuild refuses before it builds anything.
 type IncompleteError struct {
 	Topic     string
 	Partition int32
@@ -21,7 +21,7 @@ type IncompleteError struct {
 
 func (e *IncompleteError) Error() string {
 	return fmt.Sprintf("topic %s cannot give back every purchase: partition %d starts at offset %d (earlier records were "+
-		"deleted) and its cleanup.policy is %q, not compact; nothing was reset. Make the topic a compacted changelog "+
+		"deleted) and its cleanup.policy is %q, not compact; nothing was changed. Make the topic a compacted changelog "+
 		"(cleanup.policy=compact) and let the producers republish, or restore the records first",
 		e.Topic, e.Partition, e.Earliest, strings.Join(e.Policies, ","))
 }

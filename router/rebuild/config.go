@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -20,6 +19,11 @@ const (
 	// StaleAfterDefault is how long a running rebuild may go without writing
 	// its progress before readers call it abandoned (its process died).
 	StaleAfterDefault = 30 * time.Second
+	// SwitchRecordsDefault is the most records past the last catch-up's ends
+	// that the switch reads and folds in while it holds the writers back.
+	SwitchRecordsDefault = 1000
+	// CatchUpsDefault is the most catch-ups before the switch.
+	CatchUpsDefault = 10
 )
 
 // Config configures a Rebuilder.
@@ -28,17 +32,21 @@ type Config struct {
 	DB *sqlx.DB
 	// Kafka is the cluster that holds Topic. Required.
 	Kafka kafkakit.Cluster
-	// Topic is the purchase-changed changelog to replay. Defaults to event.Topic.
+	// Topic is the purchase-changed changelog to rebuild from. Defaults to event.Topic.
 	Topic string
-	// Chain applies one record: the catalog consumer's chain without its
-	// poison queue (router.CatalogChain). Required.
-	Chain message.HandlerFunc
 	// Log receives the rebuild's records. Defaults to slog.Default().
 	Log *slog.Logger
 	// StatusEvery is how often the progress is written. Defaults to 1s.
 	StatusEvery time.Duration
 	// StaleAfter marks a running rebuild abandoned when its progress is older. Defaults to 30s.
 	StaleAfter time.Duration
+	// SwitchRecords: catch-ups go on until at most this many records arrived
+	// past the last one's ends; the switch reads and folds those under its
+	// locks. Defaults to 1000.
+	SwitchRecords int
+	// CatchUps caps the catch-ups; the switch then folds what is left,
+	// however much. Defaults to 10.
+	CatchUps int
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -51,11 +59,11 @@ func (c Config) Validate() error {
 	if len(c.Kafka.Brokers) == 0 {
 		errs = append(errs, errors.New("rebuild: kafka brokers are required"))
 	}
-	if c.Chain == nil {
-		errs = append(errs, errors.New("rebuild: consumer chain is required"))
-	}
 	if c.StatusEvery <= 0 || c.StaleAfter <= c.StatusEvery {
 		errs = append(errs, errors.New("rebuild: status interval must be positive and below the stale limit"))
+	}
+	if c.SwitchRecords < 1 || c.CatchUps < 1 {
+		errs = append(errs, errors.New("rebuild: switch records and catch-ups must be >= 1"))
 	}
 	return errors.Join(errs...)
 }
@@ -65,4 +73,6 @@ func (c *Config) setDefaults() {
 	c.Log = cmp.Or(c.Log, slog.Default())
 	c.StatusEvery = cmp.Or(c.StatusEvery, StatusEveryDefault)
 	c.StaleAfter = cmp.Or(c.StaleAfter, StaleAfterDefault)
+	c.SwitchRecords = cmp.Or(c.SwitchRecords, SwitchRecordsDefault)
+	c.CatchUps = cmp.Or(c.CatchUps, CatchUpsDefault)
 }

@@ -3,7 +3,6 @@ package rebuild_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -14,29 +13,30 @@ import (
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/catalogtest"
-	"github.com/promoflow/promoflow/router/rebuild"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
-// TestRebuild_ResetDoesNotDeadlockWithALiveBatch forces, with lock waits seen
-// in pg_stat_activity, the interleaving in which a whole-projection writer
-// (the rebuild's reset, RecomputeAllTx) starts while a live batch holds the
-// card tables and has not yet touched the contributions: the batch goes on to
-// its apply, and both commit.
-func TestRebuild_ResetDoesNotDeadlockWithALiveBatch(t *testing.T) {
+// TestRebuild_SwitchDoesNotDeadlockWithALiveBatch forces, with lock waits
+// seen in pg_stat_activity, the interleaving in which a whole-projection
+// writer (the rebuild's switch, RecomputeAllTx) starts while a live batch
+// holds the card tables and has not yet touched the contributions: the batch
+// goes on to its apply, and both commit.
+func TestRebuild_SwitchDoesNotDeadlockWithALiveBatch(t *testing.T) {
 	t.Parallel()
-	t.Run("rebuild reset", func(t *testing.T) {
+	t.Run("rebuild switch", func(t *testing.T) {
 		b := catalogtest.New(t, true)
 		b.Start(t)
-		rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
-			Chain: b.Catalog.Chain, Log: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		t.Cleanup(rb.Stop)
+		rb := newRebuilder(t, b)
 		raceWithALiveBatch(t, b, func(ctx context.Context) error {
 			_, err := rb.Run(ctx)
 			return err
 		})
-		require.Zero(t, contributions(t, b), "the reset ran after the batch committed")
+		// The batch's event is not on the topic: the switch, after the
+		// batch committed, replaced the replica with the topic's (empty).
+		require.Zero(t, contributions(t, b), "the switch ran after the batch committed")
+		drift, err := boost.Drift(t.Context(), b.DB)
+		require.NoError(t, err)
+		require.Empty(t, drift)
 	})
 	t.Run("recompute all", func(t *testing.T) {
 		b := catalogtest.New(t, true)

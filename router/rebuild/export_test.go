@@ -2,12 +2,20 @@ package rebuild
 
 import "context"
 
-// Hooks are the rebuild's test seams (see hooks).
-type Hooks struct {
-	AfterCheck, InReset, BeforeReplay func(context.Context) error
-}
+// Point is a place in a rebuild where the test seam runs.
+type Point = point
 
-// SetHooks sets the test seams.
-func (r *Rebuilder) SetHooks(h Hooks) {
-	r.hooks = hooks{afterCheck: h.AfterCheck, inReset: h.InReset, beforeReplay: h.BeforeReplay}
-}
+// The points of the test seam, in the order a rebuild reaches them.
+const (
+	PointBeforeEnds   = pointBeforeEnds
+	PointEnds         = pointEnds
+	PointRead         = pointRead
+	PointLoad         = pointLoad
+	PointCompute      = pointCompute
+	PointCatchUp      = pointCatchUp
+	PointSwitchLocked = pointSwitchLocked
+	PointSwitch       = pointSwitch
+)
+
+// SetHook sets the test seam: h runs at every point of a rebuild.
+func (r *Rebuilder) SetHook(h func(context.Context, Point) error) { r.hook = h }

@@ -1,6 +1,7 @@
 package rebuild_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -226,36 +227,84 @@ func corrupt(t *testing.T, b *catalogtest.Bundle, h *history) {
 	require.Len(t, modelDiff(t, b, h), 3, "the corruption shows as a card off, a row missing and a bogus row")
 }
 
-// dbNow is the database's clock.
-func dbNow(t *testing.T, b *catalogtest.Bundle) time.Time {
+// dedupMarks are the keys of catalog.processed_messages.
+func dedupMarks(t *testing.T, b *catalogtest.Bundle) []string {
 	t.Helper()
-	var now time.Time
-	require.NoError(t, b.DB.Get(&now, `SELECT clock_timestamp()`))
-	return now
-}
-
-// requireDedupReset checks that the rebuild forgot the dedup marks: no mark
-// stored before it started survives, and the marks are exactly those of the
-// records sent (the bogus one of corrupt is gone).
-func requireDedupReset(t *testing.T, b *catalogtest.Bundle, h *history, rebuildStart time.Time) {
-	t.Helper()
-	var old []string
-	require.NoError(t, b.DB.Select(&old, `SELECT key FROM catalog.processed_messages WHERE processed_at < $1`, rebuildStart))
-	require.Empty(t, old, "dedup marks stored before the rebuild started survived it")
 	var keys []string
 	require.NoError(t, b.DB.Select(&keys, `SELECT key FROM catalog.processed_messages`))
-	require.ElementsMatch(t, h.dedupKeys(), keys, "one dedup mark per record sent, and no other")
+	return keys
 }
 
-// waitConsumedAfter waits until the live consumer and the replay (which
-// share the chain's metrics) handled every record: the live consumer each
-// one sent, the replay the st.Read it read.
-func waitConsumedAfter(t *testing.T, b *catalogtest.Bundle, h *history, replayed int64) {
+// buildTables are the tables of rebuilds in the catalog schema.
+func buildTables(t *testing.T, b *catalogtest.Bundle) []string {
 	t.Helper()
-	b.WaitConsumed(t, float64(int64(h.sent())+replayed), 30*time.Second)
+	var tables []string
+	require.NoError(t, b.DB.Select(&tables, `SELECT relname FROM pg_class
+		WHERE relnamespace = 'catalog'::regnamespace AND relname LIKE 'rebuild\_%'`))
+	return tables
 }
 
-// summary is a rebuild status's counts, for failure messages.
-func summary(read, applied, duplicates, skipped int64) string {
-	return fmt.Sprintf("read %d, applied %d, duplicates %d, skipped %d", read, applied, duplicates, skipped)
+// requireNoBuildTables checks that no rebuild left a table of its own.
+func requireNoBuildTables(t *testing.T, b *catalogtest.Bundle) {
+	t.Helper()
+	require.Empty(t, buildTables(t, b), "tables of a rebuild are left")
+}
+
+// produceHistory sends n purchases on projects and objects (from cards), with
+// redelivered records, removals and stale snapshots after a removal, and
+// waits until the consumer handled them all.
+func produceHistory(t *testing.T, b *catalogtest.Bundle, h *history, projects, objects []uuid.UUID, n int) {
+	t.Helper()
+	for i := range n {
+		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i, catalogtest.Target(event.TargetProject, projects[i%len(projects)]),
+			catalogtest.Target(event.TargetPropertyObject, objects[i%len(objects)]))
+		msg := h.produce(t, b, ev)
+		if i%4 == 1 {
+			h.redeliver(t, b, msg, ev)
+		}
+		if i%3 == 0 {
+			removed := ev
+			removed.Status, removed.Version = []event.Status{event.StatusExpired, event.StatusCancelled}[i%2], 2
+			h.produce(t, b, removed)
+			h.produce(t, b, ev) // a stale snapshot after the removal
+		}
+	}
+	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+}
+
+// view is what one statement reads of the projection: every card's boost and
+// every replica row, each sorted, one line a card or a row.
+type view struct {
+	Cards   string `db:"cards"`
+	Replica string `db:"replica"`
+}
+
+// cardsSQL and replicaSQL read the two halves of a view.
+const (
+	cardsSQL = `coalesce((SELECT string_agg(id || '=' || promotion_boost, E'\n' ORDER BY id) FROM (
+		SELECT id, promotion_boost FROM catalog.project_cards
+		UNION ALL SELECT id, promotion_boost FROM catalog.property_object_cards) c), '')`
+	replicaSQL = `coalesce((SELECT string_agg(concat_ws(' ', purchase_id, target_kind, target_id, boost_weight, status, version, active),
+		E'\n' ORDER BY purchase_id, target_kind, target_id) FROM catalog.promotion_contributions), '')`
+)
+
+// readView reads the projection in one statement, so in one snapshot, as a
+// reader does; cardsOnly reads the cards alone, as the storefront does.
+func readView(ctx context.Context, b *catalogtest.Bundle, cardsOnly bool) (view, error) {
+	var v view
+	query := `SELECT ` + cardsSQL + ` AS cards, ` + replicaSQL + ` AS replica`
+	if cardsOnly {
+		query = `SELECT ` + cardsSQL + ` AS cards, '' AS replica`
+	}
+	err := b.DB.GetContext(ctx, &v, query)
+	return v, err
+}
+
+// requireView reads the projection and checks it is want.
+func requireView(t *testing.T, b *catalogtest.Bundle, want view, what string) {
+	t.Helper()
+	have, err := readView(t.Context(), b, false)
+	require.NoError(t, err)
+	require.Equal(t, want.Cards, have.Cards, "%s: card boosts", what)
+	require.Equal(t, want.Replica, have.Replica, "%s: replica", what)
 }

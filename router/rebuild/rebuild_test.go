@@ -13,7 +13,6 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/logtest"
-	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/rebuild"
@@ -27,8 +26,17 @@ func setup(t *testing.T) *catalogtest.Bundle {
 
 func newRebuilder(t *testing.T, b *catalogtest.Bundle) *rebuild.Rebuilder {
 	t.Helper()
-	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
-		Chain: b.Catalog.Chain, Log: slog.New(slog.DiscardHandler)})
+	return newRebuilderWith(t, b, rebuild.Config{})
+}
+
+// newRebuilderWith is a rebuilder of b with the settings of cfg.
+func newRebuilderWith(t *testing.T, b *catalogtest.Bundle, cfg rebuild.Config) *rebuild.Rebuilder {
+	t.Helper()
+	cfg.DB, cfg.Kafka, cfg.Topic = b.DB, b.Cfg.Kafka, b.Cfg.Topic
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	rb, err := rebuild.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)
 	return rb
@@ -61,160 +69,31 @@ func cards(t *testing.T, b *catalogtest.Bundle) (projects, objects []uuid.UUID) 
 // TestCatalog_DeterministicReplayAfterRebuild: a history with activations,
 // removals, stale snapshots and redelivered records; the projection is
 // corrupted, then rebuilt. The result must equal the model of the events
-// sent, with every dedup mark stored anew and the redeliveries counted as
-// duplicates, not as applied.
+// sent, and the consumer's dedup marks are left as they were.
 func TestCatalog_DeterministicReplayAfterRebuild(t *testing.T) {
 	b := setup(t)
 	projects, objects := cards(t, b)
 	b.Start(t)
 	h := &history{}
-	redelivered := 0
-	for i := range 12 {
-		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i, catalogtest.Target(event.TargetProject, projects[i%2]),
-			catalogtest.Target(event.TargetPropertyObject, objects[i%len(objects)]))
-		msg := h.produce(t, b, ev)
-		if i%4 == 1 {
-			h.redeliver(t, b, msg, ev)
-			redelivered++
-		}
-		if i%3 == 0 {
-			removed := ev
-			removed.Status, removed.Version = []event.Status{event.StatusExpired, event.StatusCancelled}[i%2], 2
-			h.produce(t, b, removed)
-			h.produce(t, b, ev) // a stale snapshot after the removal
-		}
-	}
-	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
+	produceHistory(t, b, h, projects, objects, 12)
 	corrupt(t, b, h)
+	marks := dedupMarks(t, b)
 
-	start := dbNow(t, b)
 	st, err := newRebuilder(t, b).Run(context.Background())
 
 	require.NoError(t, err)
 	require.Equal(t, rebuild.StateDone, st.State)
+	require.Equal(t, rebuild.PhaseSwitch, st.Phase)
 	require.Equal(t, st.OffsetsTotal, st.OffsetsDone)
 	require.EqualValues(t, h.sent(), st.Read)
-	require.EqualValues(t, redelivered, st.Duplicates, "each redelivered record is a duplicate of its first delivery")
-	require.EqualValues(t, h.sent()-redelivered, st.Applied, "applied counts the records that were not duplicates")
 	require.Zero(t, st.Skipped)
+	require.EqualValues(t, 12, st.Purchases)
+	require.EqualValues(t, 24, st.Contributions)
+	require.Positive(t, st.CatchUps)
+	require.EqualValues(t, 1, st.CardsChanged, "the corruption set one card's boost off; the replica rows it changed left the cards as they were")
 	requireModel(t, b, h, "after the rebuild")
-	requireDedupReset(t, b, h, start)
-}
-
-// TestRebuild_EventAppliedDuringStartIsNotLost: the live consumer applies an
-// Expired v2 after the topic check (where the end offsets used to be read)
-// and before the reset wipes its effect; the replay must still reach it.
-func TestRebuild_EventAppliedDuringStartIsNotLost(t *testing.T) {
-	b := setup(t)
-	project := uuid.New()
-	b.ProjectCard(t, project)
-	b.Start(t)
-	h := &history{}
-	ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 10, catalogtest.Target(event.TargetProject, project))
-	h.produce(t, b, ev)
-	b.WaitBoost(t, event.TargetProject, project, 10)
-	corrupt(t, b, h)
-
-	rb := newRebuilder(t, b)
-	rb.SetHooks(rebuild.Hooks{AfterCheck: func(context.Context) error {
-		ev.Status, ev.Version = event.StatusExpired, 2
-		h.produce(t, b, ev)
-		b.WaitConsumed(t, float64(h.sent()), 30*time.Second) // applied by the live consumer
-		return nil
-	}})
-	start := dbNow(t, b)
-	st, err := rb.Run(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, rebuild.StateDone, st.State)
-	require.EqualValues(t, 2, st.Read, "the replay reads the Expired v2 too")
-	require.EqualValues(t, 2, st.Applied, "the reset forgot the v2's dedup mark, so the replay applies it again")
-	require.Zero(t, st.Duplicates)
-	requireModel(t, b, h, "after the rebuild")
-	requireDedupReset(t, b, h, start)
-}
-
-// TestRebuild_LiveEventsAroundTheResetKeepTheirEffect forces the overlaps of
-// live consumption with a rebuild through its hooks, on a corrupted
-// projection: a record applied live before the reset (the replay applies it
-// again), a record sent inside the reset's transaction (the live transaction
-// waits for the reset's locks, commits after it with its dedup mark, and the
-// replay counts the record as a duplicate), and records sent after the end
-// offsets were read (only the live consumer applies them; the replay's older
-// snapshot of the same purchase is stale). The end state must be the model
-// of every event sent.
-func TestRebuild_LiveEventsAroundTheResetKeepTheirEffect(t *testing.T) {
-	b := setup(t)
-	projects, objects := cards(t, b)
-	b.Start(t)
-	h := &history{}
-	var evs []event.PurchaseChanged
-	for i := range 8 {
-		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 3+i, catalogtest.Target(event.TargetProject, projects[i%2]),
-			catalogtest.Target(event.TargetPropertyObject, objects[i%len(objects)]))
-		h.produce(t, b, ev)
-		evs = append(evs, ev)
-	}
-	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
-	corrupt(t, b, h)
-
-	var waitedForReset bool
-	rb := newRebuilder(t, b)
-	rb.SetHooks(rebuild.Hooks{
-		AfterCheck: func(context.Context) error {
-			ev := evs[0]
-			ev.Status, ev.Version = event.StatusExpired, 2
-			h.produce(t, b, ev)
-			b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
-			return nil
-		},
-		InReset: func(context.Context) error {
-			msg := h.produce(t, b, catalogtest.PurchaseEvent(event.StatusActive, 1, 17,
-				catalogtest.Target(event.TargetProject, projects[1]), catalogtest.Target(event.TargetPropertyObject, objects[0])))
-			waitedForReset = waitLiveBlockedOrCommitted(t, b, msg.UUID)
-			return nil
-		},
-		BeforeReplay: func(context.Context) error {
-			ev := evs[1]
-			ev.Status, ev.Version = event.StatusCancelled, 2
-			h.produce(t, b, ev)
-			h.produce(t, b, catalogtest.PurchaseEvent(event.StatusActive, 1, 23,
-				catalogtest.Target(event.TargetPropertyObject, objects[1])))
-			b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
-			return nil
-		},
-	})
-	start := dbNow(t, b)
-	st, err := rb.Run(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, rebuild.StateDone, st.State)
-	waitConsumedAfter(t, b, h, st.Read)
-
-	assert.True(t, waitedForReset, "the live transaction of the record sent inside the reset waited for the reset's locks")
-	counts := summary(st.Read, st.Applied, st.Duplicates, st.Skipped)
-	assert.EqualValues(t, 10, st.Read, "the replay reads to the ends read after the reset: 8 + the one applied before "+
-		"the reset + the one sent inside it (%s)", counts)
-	assert.EqualValues(t, 1, st.Duplicates, "the record applied live inside the reset window is a duplicate of the replay (%s)", counts)
-	assert.EqualValues(t, st.Read-1, st.Applied, "applied counts the records that were not duplicates (%s)", counts)
-	requireModel(t, b, h, "after the rebuild and the live events")
-	requireDedupReset(t, b, h, start)
-}
-
-// waitLiveBlockedOrCommitted waits until a live transaction of the test's
-// database waits for a lock (true), or the record with MessageId id
-// committed without waiting (false).
-func waitLiveBlockedOrCommitted(t *testing.T, b *catalogtest.Bundle, id string) (blocked bool) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		var committed bool
-		err := b.DB.Get(&blocked, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock')`)
-		if err == nil {
-			err = b.DB.Get(&committed, `SELECT EXISTS (SELECT FROM catalog.processed_messages WHERE key = $1)`,
-				middleware.DedupKeyPrefixDefault+id)
-		}
-		return err == nil && (blocked || committed)
-	}, 30*time.Second, 5*time.Millisecond, "the live consumer never took the record %s", id)
-	return blocked
+	require.ElementsMatch(t, marks, dedupMarks(t, b), "the rebuild leaves the consumer's dedup marks as they were")
+	requireNoBuildTables(t, b)
 }
 
 // TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState: purchases are
@@ -254,7 +133,7 @@ func TestRebuild_UnderLiveTrafficEndsEqualToTheEventsLatestState(t *testing.T) {
 	}
 	st := <-done
 	require.Equal(t, rebuild.StateDone, st.State)
-	waitConsumedAfter(t, b, h, st.Read)
+	b.WaitConsumed(t, float64(h.sent()), 30*time.Second)
 	requireModel(t, b, h, "after the rebuild under live traffic")
 }
 
@@ -276,7 +155,7 @@ func TestRebuild_RefusesTruncatedUncompactedTopic(t *testing.T) {
 	var incomplete *rebuild.IncompleteError
 	require.ErrorAs(t, err, &incomplete)
 	require.Equal(t, int64(1), incomplete.Earliest)
-	require.ErrorContains(t, err, "nothing was reset")
+	require.ErrorContains(t, err, "nothing was changed")
 	require.Equal(t, 15, b.BoostOf(event.TargetProject, project), "nothing was wiped")
 	require.Equal(t, 2, contributions(t, b))
 }
@@ -299,11 +178,13 @@ func TestRebuild_OffsetOutOfRangeIsAnErrorNotAPanic(t *testing.T) {
 	partition := partitionOf(t, b.Cfg.Topic)
 
 	rb := newRebuilder(t, b)
-	rb.SetHooks(rebuild.Hooks{BeforeReplay: func(context.Context) error {
-		// After the ranges were planned from offset 0: the records before 2 vanish.
-		deleteRecords(t, b.Cfg.Topic, partition, 2)
+	rb.SetHook(func(_ context.Context, at rebuild.Point) error {
+		if at == rebuild.PointEnds {
+			// After the ranges were planned from offset 0: the records before 2 vanish.
+			deleteRecords(t, b.Cfg.Topic, partition, 2)
+		}
 		return nil
-	}})
+	})
 	var st rebuild.Status
 	var err error
 	require.NotPanics(t, func() { st, err = rb.Run(context.Background()) })
@@ -321,14 +202,17 @@ func TestRebuild_SecondRebuildWhileOneRunsIsRefused(t *testing.T) {
 	b.WaitConsumed(t, 1, 30*time.Second)
 	release := make(chan struct{})
 	first := newRebuilder(t, b)
-	first.SetHooks(rebuild.Hooks{BeforeReplay: func(ctx context.Context) error {
+	first.SetHook(func(ctx context.Context, at rebuild.Point) error {
+		if at != rebuild.PointEnds {
+			return nil
+		}
 		select {
 		case <-release:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}})
+	})
 	started, err := first.Start(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, rebuild.StateRunning, started.State)
@@ -391,11 +275,14 @@ func TestRebuild_LeaseIsTheRunningRow(t *testing.T) {
 	require.Contains(t, abandoned.Error, "abandoned")
 
 	var logs logtest.Logs
-	taken, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic,
-		Chain: b.Catalog.Chain, Log: logs.Logger()})
-	require.NoError(t, err)
-	t.Cleanup(taken.Stop)
-	taken.SetHooks(rebuild.Hooks{BeforeReplay: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }})
+	taken := newRebuilderWith(t, b, rebuild.Config{Log: logs.Logger()})
+	taken.SetHook(func(ctx context.Context, at rebuild.Point) error {
+		if at != rebuild.PointEnds {
+			return nil
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	})
 	started, err := taken.Start(context.Background())
 	require.NoError(t, err)
 	_, err = b.DB.Exec(`UPDATE catalog.projection_rebuilds SET state = 'failed' WHERE id = $1`, started.ID)

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"github.com/promoflow/promoflow/router/bounded"
 )
 
 // State is where a rebuild is.
@@ -23,28 +21,52 @@ const (
 	StateFailed  State = "failed"
 )
 
+// Phase is the step a running rebuild is in (a finished one: the last step it
+// began).
+type Phase string
+
+// The phases of a rebuild, in order (the package comment says what each does).
+const (
+	PhaseRead    Phase = "read"
+	PhaseLoad    Phase = "load"
+	PhaseCompute Phase = "compute"
+	PhaseCatchUp Phase = "catch-up"
+	PhaseSwitch  Phase = "switch"
+)
+
 // Status is the newest rebuild, whichever process or command runs it.
 type Status struct {
 	ID         string     `json:"id,omitempty" db:"id"`
 	State      State      `json:"state" db:"state"`
+	Phase      Phase      `json:"phase,omitempty" db:"phase"`
 	StartedAt  *time.Time `json:"startedAt,omitempty" db:"started_at"`
 	FinishedAt *time.Time `json:"finishedAt,omitempty" db:"finished_at"`
 	UpdatedAt  *time.Time `json:"updatedAt,omitempty" db:"updated_at"`
-	// OffsetsDone of OffsetsTotal offsets of the topic are replayed.
-	OffsetsDone  int64 `json:"offsetsDone" db:"offsets_done"`
-	OffsetsTotal int64 `json:"offsetsTotal" db:"offsets_total"`
-	// Read records, of which Applied went through the consumer chain,
-	// Duplicates were acked as duplicates (the live consumer applied them
-	// after the reset, and their effect was kept), and Skipped failed for
-	// good (a contract violation, dead-lettered already).
-	Read       int64  `json:"read" db:"read"`
-	Applied    int64  `json:"applied" db:"applied"`
-	Duplicates int64  `json:"duplicates" db:"duplicates"`
-	Skipped    int64  `json:"skipped" db:"skipped"`
-	Error      string `json:"error,omitempty" db:"error"`
+	Counts
+	Error string `json:"error,omitempty" db:"error"`
 }
 
-const statusColumns = `id, state, started_at, finished_at, updated_at, offsets_done, offsets_total, read, applied, duplicates, skipped, error`
+// Counts is what a rebuild did so far.
+type Counts struct {
+	// OffsetsDone of OffsetsTotal offsets of the topic are read: those up
+	// to the ends recorded at start, then those of each catch-up.
+	OffsetsDone  int64 `json:"offsetsDone" db:"offsets_done"`
+	OffsetsTotal int64 `json:"offsetsTotal" db:"offsets_total"`
+	// Read records, of which Skipped break the contract (the consumer
+	// dead-letters them).
+	Read    int64 `json:"read" db:"read"`
+	Skipped int64 `json:"skipped" db:"skipped"`
+	// Purchases and Contributions of the new replica once loaded.
+	Purchases     int64 `json:"purchases" db:"purchases"`
+	Contributions int64 `json:"contributions" db:"contributions"`
+	// CatchUps is how many catch-ups folded records that arrived during the
+	// build; CardsChanged how many cards the switch gave another boost.
+	CatchUps     int64 `json:"catchUps" db:"catch_ups"`
+	CardsChanged int64 `json:"cardsChanged" db:"cards_changed"`
+}
+
+const statusColumns = `id, state, phase, started_at, finished_at, updated_at, offsets_done, offsets_total, read, skipped,
+	purchases, contributions, catch_ups, cards_changed, error`
 
 // newest reads the newest rebuild. A running one whose progress is older than
 // staleAfter lost its process: it is reported failed.
@@ -65,13 +87,17 @@ func newest(ctx context.Context, db *sqlx.DB, staleAfter time.Duration) (Status,
 	return st, nil
 }
 
-// saveStatus writes the progress of the running rebuild id, which renews its
-// lease, and the outcome once finished is set. It returns errLeaseLost when
-// the row is no longer running (another rebuild took over).
-func saveStatus(ctx context.Context, db *sqlx.DB, id string, state State, c bounded.Counts, finished *time.Time, errText string) error {
-	res, err := db.ExecContext(ctx, `UPDATE catalog.projection_rebuilds SET state = $2, finished_at = $3, updated_at = now(),
-		offsets_done = $4, offsets_total = $5, read = $6, applied = $7, skipped = $8, error = $9, duplicates = $10 WHERE id = $1 AND state = 'running'`,
-		id, state, finished, c.OffsetsDone, c.OffsetsTotal, c.Read, c.Replayed, c.Skipped, errText, c.Duplicates)
+// saveStatus writes st of the running rebuild st.ID, in q (the database, or
+// the switch's transaction), which renews its lease; the outcome once
+// st.FinishedAt is set. It returns errLeaseLost when the row is no longer
+// running (another rebuild took over).
+func saveStatus(ctx context.Context, q sqlx.ExecerContext, st Status) error {
+	res, err := q.ExecContext(ctx, `UPDATE catalog.projection_rebuilds SET state = $2, phase = $3, finished_at = $4,
+		updated_at = now(), offsets_done = $5, offsets_total = $6, read = $7, skipped = $8, purchases = $9,
+		contributions = $10, catch_ups = $11, cards_changed = $12, error = $13
+		WHERE id = $1 AND state = 'running'`,
+		st.ID, st.State, st.Phase, st.FinishedAt, st.OffsetsDone, st.OffsetsTotal, st.Read, st.Skipped, st.Purchases,
+		st.Contributions, st.CatchUps, st.CardsChanged, st.Error)
 	if err != nil {
 		return fmt.Errorf("record rebuild progress: %w", err)
 	}
