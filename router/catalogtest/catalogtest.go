@@ -31,10 +31,12 @@ import (
 
 // Bundle is one catalog under test.
 type Bundle struct {
-	DB      *sqlx.DB
-	Cfg     router.CatalogConfig
-	Metrics *router.CatalogMetrics
-	Catalog *router.Catalog
+	DB *sqlx.DB
+	// DatabaseURL reaches DB's database, for a process of its own.
+	DatabaseURL string
+	Cfg         router.CatalogConfig
+	Metrics     *router.CatalogMetrics
+	Catalog     *router.Catalog
 	// Pub publishes to the bundle's topics, keyed by PurchaseId.
 	Pub *kafka.Publisher
 }
@@ -43,8 +45,9 @@ type Bundle struct {
 // partitions (as production creates it), a replay topic and a DLQ.
 func New(t testing.TB, enabled bool) *Bundle {
 	t.Helper()
+	url := pgtest.DatabaseURL(t)
 	b := &Bundle{
-		DB: pgtest.DB(t),
+		DB: pgtest.Open(t, url), DatabaseURL: url,
 		Cfg: router.CatalogConfig{
 			Kafka: kafkatest.Cluster(t), Enabled: enabled,
 			Topic:       kafkatest.TopicWith(t, kafkakit.Topic{Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact}),
