@@ -24,6 +24,12 @@ import (
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 )
 
+// metricsPoll is how often BenchmarkCatalogCatchUp reads the process's
+// /metrics: each read gathers the Go and process collectors too, about a
+// millisecond of the process's CPU, which faster reads would add to its CPU
+// per event.
+const metricsPoll = 250 * time.Millisecond
+
 // catchUpPartitions is the purchase topic's partitions in BenchmarkCatalogCatchUp:
 // the default of a topic the processes create.
 const catchUpPartitions = 48
@@ -38,10 +44,15 @@ const catchUpPartitions = 48
 // over its whole life, read once the lag is 0); and, over the same span as the
 // events/s, the CPU time per event of the process and of the database's
 // PostgreSQL backends, and their total. 100,000 events of each workload,
-// 5,000 under -short.
+// 5,000 under -short, or PROMOFLOW_CATCHUP_EVENTS.
 func BenchmarkCatalogCatchUp(b *testing.B) {
 	bin := buildPromoflow(b)
 	n := benchSize(100_000, 5_000)
+	if v := os.Getenv("PROMOFLOW_CATCHUP_EVENTS"); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(b, err, "PROMOFLOW_CATCHUP_EVENTS")
+	}
 	for _, w := range []workload{cascade, simple} {
 		b.Run("workload="+w.name, func(b *testing.B) {
 			var tp throughput
@@ -76,10 +87,10 @@ func catchUp(b *testing.B, bin string, n int, w workload, tp *throughput, cpu *c
 
 	pg := watchPGBackends(b, cb.c.DB)
 	p := startCatalogProcess(b, bin, cb.c, topic)
-	require.Eventually(b, func() bool { return p.consumed(b) > 0 }, 2*time.Minute, 20*time.Millisecond, "the catalog took no event")
+	require.Eventually(b, func() bool { return p.consumed(b) > 0 }, 2*time.Minute, metricsPoll, "the catalog took no event")
 	first, start := p.consumed(b), time.Now()
 	cpuAt, pgAt := p.cpu(b), pg.CPU()
-	require.Eventually(b, func() bool { return p.consumed(b) >= n }, 15*time.Minute, 20*time.Millisecond, "the catalog did not consume every event")
+	require.Eventually(b, func() bool { return p.consumed(b) >= n }, 15*time.Minute, metricsPoll, "the catalog did not consume every event")
 	secs := time.Since(start).Seconds()
 	catalogCPU := p.cpu(b) - cpuAt
 	pg.close()
@@ -87,21 +98,24 @@ func catchUp(b *testing.B, bin string, n int, w workload, tp *throughput, cpu *c
 	tp.add(n-first, secs)
 
 	waitLagZero(b, cb.c.Cfg.ConsumerGroup, topic)
+	b.Logf("events per transaction: mean %.1f", p.metric(b, "catalog_promotion_batch_size_sum ")/p.metric(b, "catalog_promotion_batch_size_count "))
 	peakMB = p.peakRSSMB(b)
 	p.stop(b)
 	return peakMB
 }
 
 // produceAll publishes the bench's messages to topic, keyed by PurchaseId,
-// in batches of one round trip each.
+// 500 in one request as the relay sends them (handlers/outbox), so that
+// each partition's record batches are about 10 records, as on a topic the
+// relay wrote.
 func produceAll(b *testing.B, cb *consumerBench, topic string) {
 	marshaler := kafka.NewWithPartitioningMarshaler(event.PartitionKey)
 	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(b), kafkatest.Cluster(b).DurableProducerConfig("promoflow-bench"))
 	require.NoError(b, err)
 	defer producer.Close()
-	for i := 0; i < len(cb.msgs); i += 10_000 {
+	for i := 0; i < len(cb.msgs); i += 500 {
 		var records []*sarama.ProducerMessage
-		for _, msg := range cb.msgs[i:min(i+10_000, len(cb.msgs))] {
+		for _, msg := range cb.msgs[i:min(i+500, len(cb.msgs))] {
 			r, err := marshaler.Marshal(topic, msg)
 			require.NoError(b, err)
 			records = append(records, r)
@@ -152,6 +166,12 @@ func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic 
 // consumed is the process's catalog_promotion_consumed_total over every
 // outcome (0 until it answers).
 func (p *catalogProcess) consumed(b *testing.B) int {
+	return int(p.metric(b, "catalog_promotion_consumed_total{"))
+}
+
+// metric sums the samples of the process's /metrics whose line starts with
+// prefix (0 until it answers).
+func (p *catalogProcess) metric(b *testing.B, prefix string) float64 {
 	p.alive(b)
 	resp, err := http.Get("http://" + p.addr + "/metrics")
 	if err != nil {
@@ -161,13 +181,13 @@ func (p *catalogProcess) consumed(b *testing.B) int {
 	var sum float64
 	s := bufio.NewScanner(resp.Body)
 	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "catalog_promotion_consumed_total{"); ok {
+		if rest, ok := strings.CutPrefix(s.Text(), prefix); ok {
 			v, err := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
 			require.NoError(b, err)
 			sum += v
 		}
 	}
-	return int(sum)
+	return sum
 }
 
 // alive fails the benchmark, with the process's log, when it ended.

@@ -56,7 +56,7 @@ func TestConsumerGroupSubscriber_EveryRebalanceEndsTheSessionClaimsFollows(t *te
 // subscriber, with claims recording its sessions, until the test ends.
 func runMember(t *testing.T, topic, group string, claims *middleware.Claims, h message.NoPublishHandlerFunc) {
 	t.Helper()
-	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, watermill.NopLogger{}, claims.Tracer())
+	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, router.ConsumerBuffers{}, watermill.NopLogger{}, claims.Tracer())
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
