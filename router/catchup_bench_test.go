@@ -69,8 +69,13 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 	}
 }
 
-// buildPromoflow builds the promoflow binary into the benchmark's temp folder.
+// buildPromoflow builds the promoflow binary into the benchmark's temp
+// folder, or returns PROMOFLOW_CATCHUP_BIN, a binary built elsewhere (another
+// version, to compare).
 func buildPromoflow(b *testing.B) string {
+	if bin := os.Getenv("PROMOFLOW_CATCHUP_BIN"); bin != "" {
+		return bin
+	}
 	bin := filepath.Join(b.TempDir(), "promoflow")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/promoflow/promoflow/app").CombinedOutput()
 	require.NoError(b, err, "go build: %s", out)
