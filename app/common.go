@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 
@@ -125,15 +127,20 @@ const topicPartitionsDefault = 48
 
 func (c *topicConfig) register(s *settings) {
 	s.int(&c.Partitions, "topic-partitions", "KAFKA_TOPIC_PARTITIONS", topicPartitionsDefault, "partitions of a topic this process creates")
-	s.int(&c.Replication, "topic-replication", "KAFKA_TOPIC_REPLICATION", 1, "replication factor of a topic this process creates")
+	s.int(&c.Replication, "topic-replication", "KAFKA_TOPIC_REPLICATION", 0,
+		"replication factor of a topic this process creates; 0 follows the cluster's brokers at start: 1 on one, 3 on three or more (min.insync.replicas 2 with 3 replicas)")
 	s.bool(&c.Create, "create-topics", "KAFKA_CREATE_TOPICS", true, "create the topics it uses at start when missing")
 }
 
 func (c topicConfig) validate() error {
-	if c.Partitions < 1 || c.Replication < 1 {
-		return errors.New("topic partitions and replication must be >= 1")
+	var errs []error
+	if c.Partitions < 1 {
+		errs = append(errs, errors.New("topic partitions must be >= 1"))
 	}
-	return nil
+	if c.Replication < 0 || c.Replication > math.MaxInt16 {
+		errs = append(errs, errors.New("topic replication must be >= 1, or 0 to follow the cluster"))
+	}
+	return errors.Join(errs...)
 }
 
 // ensure creates the missing topics when asked to: the purchase topic as a
@@ -148,7 +155,12 @@ func (c topicConfig) ensure(cluster kafkakit.Cluster, log *slog.Logger, purchase
 		for _, t := range others {
 			specs = append(specs, kafkakit.Topic{Name: t, Partitions: int32(c.Partitions), Replication: int16(c.Replication)})
 		}
-		if err := kafkakit.EnsureTopics(cluster, specs...); err != nil {
+		created, err := kafkakit.EnsureTopics(cluster, specs...)
+		for _, t := range created {
+			log.Info("topic created", "topic", t.Name, "partitions", t.Partitions, "replication", t.Replication,
+				"minInsyncReplicas", cmp.Or(kafkakit.MinInsyncReplicasFor(t.Replication), "broker default"))
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -48,28 +48,54 @@ var processes = map[string]func(*settings){
 
 // composeSetsOnPurpose are the settings compose.yaml gives a value other
 // than the code's default; every other setting it lists holds the default.
-var composeSetsOnPurpose = []string{"DATABASE_URL", "KAFKA_BROKERS", "HTTP_ADDR", "PROMOTION_API_TOKENS", "CATALOG_ADMIN_TOKEN"}
+var composeSetsOnPurpose = []string{"DATABASE_URL", "KAFKA_BROKERS", "KAFKA_TOPIC_REPLICATION", "HTTP_ADDR", "PROMOTION_API_TOKENS", "CATALOG_ADMIN_TOKEN"}
 
 // secretFromFile is the one setting compose.yaml never shows: the password
 // comes from KAFKA_SASL_PASSWORD_FILE.
 const secretFromFile = "KAFKA_SASL_PASSWORD"
 
+// composeBrokers are the Kafka brokers of compose.yaml, as KAFKA_BROKERS names them.
+const composeBrokers = "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+
+// kafkaNodes are the compose services of the Kafka cluster: three KRaft
+// controllers beside three brokers.
+var kafkaNodes = []string{"kafka-controller-1", "kafka-controller-2", "kafka-controller-3", "kafka-1", "kafka-2", "kafka-3"}
+
+// TestCompose_DescribesTheWholeStack: PostgreSQL, Kafka as three brokers
+// beside a quorum of three KRaft controllers (one cluster id), both
+// processes, Prometheus, Grafana; every internal topic with three replicas,
+// two in sync for a write.
 func TestCompose_DescribesTheWholeStack(t *testing.T) {
 	p := loadCompose(t)
-	require.ElementsMatch(t, []string{"postgres", "kafka", "kafka-topics", "promotion", "catalog", "prometheus", "grafana"}, p.ServiceNames())
-	kafka := p.Services["kafka"]
-	require.True(t, strings.HasPrefix(kafka.Image, "apache/kafka:4."), "Apache Kafka 4.x")
-	require.Equal(t, "broker,controller", env(t, kafka, "KAFKA_PROCESS_ROLES"), "KRaft, one node")
-	for k := range kafka.Environment {
-		if strings.HasSuffix(k, "REPLICATION_FACTOR") || strings.HasSuffix(k, "MIN_ISR") {
-			require.Equal(t, "1", env(t, kafka, k), k)
+	require.ElementsMatch(t, append([]string{"postgres", "kafka-topics", "promotion", "catalog", "prometheus", "grafana"}, kafkaNodes...), p.ServiceNames())
+	const voters = "101@kafka-controller-1:9093,102@kafka-controller-2:9093,103@kafka-controller-3:9093"
+	clusterID := env(t, p.Services["kafka-1"], "CLUSTER_ID")
+	require.NotEmpty(t, clusterID)
+	for i, name := range kafkaNodes {
+		svc := p.Services[name]
+		broker := i >= 3
+		require.True(t, strings.HasPrefix(svc.Image, "apache/kafka:4."), "%s: Apache Kafka 4.x", name)
+		require.Equal(t, map[bool]string{false: "controller", true: "broker"}[broker], env(t, svc, "KAFKA_PROCESS_ROLES"), name)
+		require.Equal(t, map[bool]string{false: fmt.Sprint(101 + i), true: fmt.Sprint(i - 2)}[broker], env(t, svc, "KAFKA_NODE_ID"), name)
+		require.Equal(t, voters, env(t, svc, "KAFKA_CONTROLLER_QUORUM_VOTERS"), name)
+		require.Equal(t, clusterID, env(t, svc, "CLUSTER_ID"), "%s: one cluster", name)
+		if !broker {
+			continue
+		}
+		require.Equal(t, "PLAINTEXT://"+name+":9092", env(t, svc, "KAFKA_ADVERTISED_LISTENERS"))
+		for k := range svc.Environment {
+			if strings.HasSuffix(k, "REPLICATION_FACTOR") {
+				require.Equal(t, "3", env(t, svc, k), "%s %s", name, k)
+			}
+			if strings.HasSuffix(k, "MIN_ISR") || k == "KAFKA_MIN_INSYNC_REPLICAS" {
+				require.Equal(t, "2", env(t, svc, k), "%s %s", name, k)
+			}
 		}
 	}
-	require.Equal(t, "PLAINTEXT://kafka:9092", env(t, kafka, "KAFKA_ADVERTISED_LISTENERS"))
 	require.Equal(t, "promoflow", env(t, p.Services["postgres"], "POSTGRES_DB"))
 
-	// Ports: the APIs, Prometheus, Grafana and the two servers, each on the host's same port.
-	for name, port := range map[string]uint32{"postgres": 5432, "kafka": 9092, "promotion": 8080, "catalog": 8081,
+	// Ports: the APIs, Prometheus, Grafana and PostgreSQL, each on the host's same port.
+	for name, port := range map[string]uint32{"postgres": 5432, "promotion": 8080, "catalog": 8081,
 		"prometheus": 9090, "grafana": 3000} {
 		require.Contains(t, p.Services[name].Ports, types.ServicePortConfig{Mode: "ingress", Protocol: "tcp",
 			Target: port, Published: strconv.Itoa(int(port))}, "%s publishes %d", name, port)
@@ -82,7 +108,10 @@ func TestCompose_DescribesTheWholeStack(t *testing.T) {
 func TestCompose_StartsEachServiceAfterWhatItNeeds(t *testing.T) {
 	p := loadCompose(t)
 	want := map[string]map[string]string{
-		"kafka-topics": {"kafka": types.ServiceConditionHealthy},
+		"kafka-topics": {"kafka-1": types.ServiceConditionHealthy, "kafka-2": types.ServiceConditionHealthy, "kafka-3": types.ServiceConditionHealthy},
+		"kafka-1":      {"kafka-controller-1": types.ServiceConditionStarted, "kafka-controller-2": types.ServiceConditionStarted, "kafka-controller-3": types.ServiceConditionStarted},
+		"kafka-2":      {"kafka-controller-1": types.ServiceConditionStarted, "kafka-controller-2": types.ServiceConditionStarted, "kafka-controller-3": types.ServiceConditionStarted},
+		"kafka-3":      {"kafka-controller-1": types.ServiceConditionStarted, "kafka-controller-2": types.ServiceConditionStarted, "kafka-controller-3": types.ServiceConditionStarted},
 		"promotion":    {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully},
 		"catalog": {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully,
 			"promotion": types.ServiceConditionStarted},
@@ -105,7 +134,9 @@ func TestCompose_StartsEachServiceAfterWhatItNeeds(t *testing.T) {
 		require.Equal(t, want[name], got, "%s depends on", name)
 	}
 	require.Equal(t, types.HealthCheckTest{"CMD", "pg_isready", "-U", "promoflow", "-d", "promoflow"}, p.Services["postgres"].HealthCheck.Test)
-	require.Contains(t, strings.Join(p.Services["kafka"].HealthCheck.Test, " "), "--bootstrap-server localhost:9092")
+	for _, name := range kafkaNodes[3:] {
+		require.Contains(t, strings.Join(p.Services[name].HealthCheck.Test, " "), "--bootstrap-server localhost:9092", name)
+	}
 }
 
 // TestCompose_ProcessesReadEverySettingWithItsDefault: a promoflow service
@@ -148,7 +179,7 @@ func TestCompose_ProcessesReadEverySettingWithItsDefault(t *testing.T) {
 	promotion, catalog := p.Services["promotion"], p.Services["catalog"]
 	for _, svc := range []types.ServiceConfig{promotion, catalog} {
 		require.Contains(t, env(t, svc, "DATABASE_URL"), "@postgres:5432/")
-		require.Equal(t, "kafka:9092", env(t, svc, "KAFKA_BROKERS"))
+		require.Equal(t, composeBrokers, env(t, svc, "KAFKA_BROKERS"))
 	}
 	require.Equal(t, ":8080", env(t, promotion, "HTTP_ADDR"))
 	require.Equal(t, ":8081", env(t, catalog, "HTTP_ADDR"))
@@ -180,7 +211,7 @@ func TestCompose_PurchaseTopicIsACompactedChangelog(t *testing.T) {
 	topics := loadCompose(t).Services["kafka-topics"]
 	require.True(t, strings.HasPrefix(topics.Image, "apache/kafka:4."))
 	script := strings.Join(topics.Command, " ")
-	partitions := fmt.Sprintf(" --partitions %d --replication-factor 1", topicPartitionsDefault)
+	partitions := fmt.Sprintf(" --partitions %d --replication-factor 3 --config min.insync.replicas=2", topicPartitionsDefault)
 	require.Contains(t, script, "--topic "+event.Topic+partitions+" --config cleanup.policy=compact")
 	for _, topic := range []string{middleware.DLQTopicDefault, dlqreplay.ReplayTopicDefault} {
 		require.Regexp(t, "--topic "+regexp.QuoteMeta(topic)+regexp.QuoteMeta(partitions)+"( &&|$)", script)

@@ -14,6 +14,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // promotionConfig is the promotion process's configuration: its flags bind
@@ -40,6 +41,8 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.Expire.WakeupPoll, "expire-wakeup-poll", "EXPIRE_WAKEUP_POLL", expire.WakeupPollDefault, "how often the earliest upcoming EndsAt is re-read (a purchase created on another instance re-arms the wake-up within it)")
 	s.dur(&c.Relay.OutboxPollInterval, "outbox-poll-interval", "OUTBOX_POLL_INTERVAL", router.OutboxPollIntervalDefault, "how often the relay polls an idle outbox")
 	s.int(&c.Relay.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", router.OutboxBatchSizeDefault, "outbox rows the relay reads per query (a row holds one transaction's events)")
+	s.dur(&c.Relay.RelayPublishTimeout, "relay-publish-timeout", "RELAY_PUBLISH_TIMEOUT", kafkakit.PublishTimeoutDefault,
+		"most time one publish of the relay waits for Kafka; then the relay cuts that producer off and lets another process take the outbox position")
 	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router"
-	"github.com/promoflow/promoflow/router/bounded"
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
@@ -75,7 +74,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	stop := showProgress(ctx, "rebuild", rb.Live, log)
 	st, err := rb.Run(ctx)
 	stop()
-	c := bounded.Counts{Read: st.Read, Matched: st.Read, Replayed: st.Applied, Skipped: st.Skipped, Duplicates: st.Duplicates}
-	fmt.Fprintf(os.Stdout, "rebuild %s %s: %s\n", st.ID, st.State, c.Summary(time.Since(start)))
+	fmt.Fprintf(os.Stdout, "rebuild %s %s: read %d, applied %d, duplicates %d, skipped %d, duration %s\n", st.ID, st.State,
+		st.Read, st.Applied, st.Duplicates, st.Skipped, time.Since(start).Round(time.Millisecond))
 	return err
 }

@@ -56,7 +56,7 @@ func setupDedup(t *testing.T, workers int) *dedupBundle {
 			}
 		}
 		return make([]struct{}, len(items)), nil
-	})
+	}, nil)
 	require.NoError(t, err)
 	b.handle = func(msg *message.Message, next func() error) error {
 		_, _, err := gc.Do(msg, msg.UUID, item{msg: msg, next: next})

@@ -43,15 +43,11 @@ type GroupCommitConfig struct {
 	// Timeout bounds one transaction. Defaults to 30s.
 	Timeout time.Duration
 	// MaxLocks caps the locks the items of one transaction take together, as
-	// Locks counts them, so that a batch of wide items never fills the
+	// NewGroupCommit's locks function counts them, so that a batch of wide items never fills the
 	// server's shared lock table (53200 out of shared memory, for every
 	// session of the cluster). An item that needs more than MaxLocks alone
 	// goes alone. Defaults to 256.
 	MaxLocks int
-	// Locks counts the locks that applying one item takes (for the boost
-	// consumer: its purchase and each of its card targets, boost.Locks).
-	// Defaults to one lock per item.
-	Locks func(item any) int
 	// Dedup names and reports the dedup keys.
 	Dedup DedupConfig
 	// OnBatch, if set, is called after each transaction with its size (for a metric).
@@ -76,9 +72,6 @@ func (c *GroupCommitConfig) setDefaults() {
 	c.Workers = cmp.Or(c.Workers, GroupCommitWorkersDefault)
 	c.Timeout = cmp.Or(c.Timeout, GroupCommitTimeoutDefault)
 	c.MaxLocks = cmp.Or(c.MaxLocks, GroupCommitMaxLocksDefault)
-	if c.Locks == nil {
-		c.Locks = func(any) int { return 1 }
-	}
 	c.Dedup.setDefaults()
 }
 
@@ -105,6 +98,7 @@ type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R,
 type GroupCommit[T, R any] struct {
 	cfg   GroupCommitConfig
 	apply ApplyFunc[T, R]
+	locks func(T) int
 
 	mu      sync.Mutex
 	queue   []*waiter[T, R]
@@ -130,13 +124,19 @@ type waiter[T, R any] struct {
 	gone bool
 }
 
-// NewGroupCommit checks cfg and returns a GroupCommit that applies items with apply.
-func NewGroupCommit[T, R any](cfg GroupCommitConfig, apply ApplyFunc[T, R]) (*GroupCommit[T, R], error) {
+// NewGroupCommit checks cfg and returns a GroupCommit that applies items with
+// apply. locks counts the locks that applying one item takes, which
+// MaxLocks bounds per transaction (for the boost consumer: its purchase and
+// each of its card targets, boost.Locks); nil counts one lock per item.
+func NewGroupCommit[T, R any](cfg GroupCommitConfig, apply ApplyFunc[T, R], locks func(T) int) (*GroupCommit[T, R], error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &GroupCommit[T, R]{cfg: cfg, apply: apply}, nil
+	if locks == nil {
+		locks = func(T) int { return 1 }
+	}
+	return &GroupCommit[T, R]{cfg: cfg, apply: apply, locks: locks}, nil
 }
 
 // Do applies item for msg in the next transaction and waits for its commit.
@@ -153,7 +153,7 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 		return result, false, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
 	}
 	w := &waiter[T, R]{key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
-		locks: g.cfg.Locks(item), done: make(chan struct{})}
+		locks: g.locks(item), done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	if g.running < g.cfg.Workers {

@@ -29,7 +29,7 @@ func TestGroupCommit_DuplicateWhoseHandlerReturnedIsNotRaced(t *testing.T) {
 	gc, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{DB: db,
 		Dedup:   middleware.DedupConfig{OnDuplicate: func(*message.Message) { duplicates.Add(1) }},
 		OnBatch: func(size int, _ time.Duration) { batches <- size },
-	}, (&batchRecorder{}).apply)
+	}, (&batchRecorder{}).apply, nil)
 	require.NoError(t, err)
 
 	msg := newMessage(t)

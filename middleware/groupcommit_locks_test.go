@@ -93,8 +93,7 @@ func TestGroupCommit_WideBatchStaysUnderTheLockTable(t *testing.T) {
 		held, sizes = append(held, n), append(sizes, len(items))
 		return make([]int, len(items)), nil
 	}
-	gc, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{DB: db, Workers: 2,
-		Locks: func(item any) int { return item.(wideItem).locks() }}, apply)
+	gc, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{DB: db, Workers: 2}, apply, wideItem.locks)
 	require.NoError(t, err)
 
 	do := func(it wideItem, serial string) <-chan error {

@@ -72,7 +72,7 @@ func (r *batchRecorder) seen() [][]string {
 
 func newGroupCommit(t *testing.T, db *sqlx.DB, workers int, r *batchRecorder) *middleware.GroupCommit[string, string] {
 	t.Helper()
-	gc, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{DB: db, Workers: workers, OnBatch: r.onBatch}, r.apply)
+	gc, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{DB: db, Workers: workers, OnBatch: r.onBatch}, r.apply, nil)
 	require.NoError(t, err)
 	return gc
 }
@@ -259,7 +259,7 @@ func TestGroupCommit_CommitFailureIsReturnedSoTheMessageIsNotAcked(t *testing.T)
 		func(ctx context.Context, tx *sqlx.Tx, ids []string) ([]string, error) {
 			_, err := tx.ExecContext(ctx, `INSERT INTO mwtest_deferred VALUES (1), (1)`)
 			return ids, err
-		})
+		}, nil)
 	require.NoError(t, err)
 	msg := newMessage(t)
 

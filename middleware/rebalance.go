@@ -33,8 +33,10 @@ type claimKey struct {
 func NewClaims() *Claims { return &Claims{sessions: map[claimKey]context.Context{}} }
 
 // Tracer is the hook to give a watermill-kafka subscriber
-// (kafka.SubscriberConfig.Tracer): it records each claim's session.
-func (c *Claims) Tracer() kafka.SaramaTracer { return claimsTracer{c} }
+// (kafka.SubscriberConfig.Tracer): it records each claim's session, and
+// tells onSession (when not nil) of each session the member starts: one at
+// its first join and one per rebalance, the strategy being eager.
+func (c *Claims) Tracer(onSession func()) kafka.SaramaTracer { return claimsTracer{c, onSession} }
 
 // Session is the context of the session that delivered msg, ended when the
 // session ends, or nil for a message that no tracked claim delivered (a
@@ -60,7 +62,10 @@ func (c *Claims) claimed(topic string, partition int32, sess context.Context) {
 }
 
 // claimsTracer wraps the consumer-group handler and nothing else.
-type claimsTracer struct{ claims *Claims }
+type claimsTracer struct {
+	claims    *Claims
+	onSession func()
+}
 
 func (t claimsTracer) WrapConsumer(c sarama.Consumer) sarama.Consumer { return c }
 
@@ -73,12 +78,20 @@ func (t claimsTracer) WrapSyncProducer(_ *sarama.Config, p sarama.SyncProducer) 
 }
 
 func (t claimsTracer) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
-	return claimsHandler{ConsumerGroupHandler: h, claims: t.claims}
+	return claimsHandler{ConsumerGroupHandler: h, claims: t.claims, onSession: t.onSession}
 }
 
 type claimsHandler struct {
 	sarama.ConsumerGroupHandler
-	claims *Claims
+	claims    *Claims
+	onSession func()
+}
+
+func (h claimsHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	if h.onSession != nil {
+		h.onSession()
+	}
+	return h.ConsumerGroupHandler.Setup(sess)
 }
 
 func (h claimsHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {

@@ -207,7 +207,7 @@ func TestRetry_ConflictRerunsTheUnitOfWorkInAFreshTransaction(t *testing.T) {
 				return nil, errConflict
 			}
 			return make([]struct{}, len(ids)), applyEffect(ctx, tx, ids[0])
-		})
+		}, nil)
 	require.NoError(t, err)
 
 	msg := newMessage(t)
@@ -323,7 +323,7 @@ func TestRetry_YieldsPartitionOnRebalance(t *testing.T) {
 	}
 
 	// The first member owns both partitions and cannot apply anything.
-	runGroupConsumer(t, topic, group, claims.Tracer(), func(*message.Message) error {
+	runGroupConsumer(t, topic, group, claims.Tracer(nil), func(*message.Message) error {
 		return fmt.Errorf("begin unit of work: %w", errInfra)
 	}, retry)
 	require.Eventually(t, func() bool { return retries.Load() >= 3 }, 30*time.Second, 10*time.Millisecond)

@@ -183,7 +183,11 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
 	for topic, group := range map[string]string{cfg.Topic: cfg.ConsumerGroup, cfg.ReplayTopic: cfg.ConsumerGroup + ReplayGroupSuffix} {
-		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer())
+		var onSession func()
+		if topic == cfg.Topic {
+			onSession = m.GroupSessions.Inc
+		}
+		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer(onSession))
 		if err != nil {
 			return nil, err
 		}
@@ -224,13 +228,12 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	}
 	uow, err := middleware.NewGroupCommit(middleware.GroupCommitConfig{
 		DB: db, MaxBatch: cfg.MaxBatch, Workers: cfg.Workers, MaxLocks: cfg.MaxLocks,
-		Locks: func(item any) int { return boost.Locks(item.(event.PurchaseChanged)) },
 		Dedup: middleware.DedupConfig{
 			Logger:      log,
 			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
 		},
 		OnBatch: func(size int, _ time.Duration) { m.BatchSize.Observe(float64(size)) },
-	}, apply)
+	}, apply, boost.Locks)
 	if err != nil {
 		return catalogMiddlewares{}, errors.Join(err, closeApply())
 	}

@@ -25,7 +25,7 @@ import (
 // t.Parallel), so that the load of those on the shared cluster does not eat
 // into the bound.
 
-// expiryBound is issue 7's target: Expired within 1.5s of EndsAt.
+// expiryBound is the wake-up's accuracy target: Expired within 1.5s of EndsAt.
 const expiryBound = 1500 * time.Millisecond
 
 // heartbeat is the production interval: within a test, the ticker ticks only
@@ -70,11 +70,19 @@ func TestExpirer_EarlierPurchaseCreatedOnOtherInstanceRearmsWakeup(t *testing.T)
 	p := createEndingIn(t, purchasetest.NewService(t, other.db, other.topic), time.Second)
 
 	waitExpired(t, a.db, p)
-	expiredByA := false
-	for _, l := range logsA.Find(slog.LevelInfo, "promotion expired") {
-		expiredByA = expiredByA || l["PurchaseId"] == p.ID.String()
+	// The expirer logs each purchase once its batch committed, a moment
+	// after the row reads Expired.
+	expiredBy := func(logs *logtest.Logs) bool {
+		for _, l := range logs.Find(slog.LevelInfo, "promotion expired") {
+			if l["PurchaseId"] == p.ID.String() {
+				return true
+			}
+		}
+		return false
 	}
-	require.True(t, expiredByA, "instance A expired the purchase created on B")
+	require.Eventually(t, func() bool { return expiredBy(logsA) || expiredBy(logsB) }, 10*time.Second, 5*time.Millisecond,
+		"an instance logged the expiry")
+	require.True(t, expiredBy(logsA), "instance A expired the purchase created on B")
 	require.Equal(t, event.StatusActive, purchasetest.Statuses(t, a.db)[far].Status)
 }
 

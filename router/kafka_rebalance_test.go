@@ -3,6 +3,7 @@ package router_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,14 +24,16 @@ import (
 // cooperative one, the session of a member that keeps partitions survives
 // the rebalance, and Retry would retry on past a partition that moved. The
 // catalog's subscriber must keep an eager strategy: a second member joins,
-// and the first member's session ends.
+// and the first member's session ends. The first member counts a session at
+// its join and one at the rebalance (catalog_promotion_group_sessions_total).
 func TestConsumerGroupSubscriber_EveryRebalanceEndsTheSessionClaimsFollows(t *testing.T) {
 	t.Parallel()
 	topic := kafkatest.Topic(t, 2)
 	group := "pf-test-" + kafkatest.RandomSuffix()
 	claims := middleware.NewClaims()
 	sessions := make(chan context.Context, 64)
-	runMember(t, topic, group, claims, func(msg *message.Message) error {
+	var started atomic.Int64
+	runMember(t, topic, group, claims, func() { started.Add(1) }, func(msg *message.Message) error {
 		if s := claims.Session(msg); s != nil {
 			sessions <- s
 		}
@@ -47,16 +50,21 @@ func TestConsumerGroupSubscriber_EveryRebalanceEndsTheSessionClaimsFollows(t *te
 		t.Fatal("the first member consumed nothing")
 	}
 
-	runMember(t, topic, group, middleware.NewClaims(), func(*message.Message) error { return nil })
+	require.EqualValues(t, 1, started.Load(), "one session since the first join")
+
+	runMember(t, topic, group, middleware.NewClaims(), nil, func(*message.Message) error { return nil })
 	require.Eventually(t, func() bool { return first.Err() != nil }, 30*time.Second, 10*time.Millisecond,
 		"a second member joined, and the first member's session did not end: the rebalance strategy is not eager")
+	require.Eventually(t, func() bool { return started.Load() == 2 }, 30*time.Second, 10*time.Millisecond,
+		"the rebalance started the first member's second session")
 }
 
 // runMember consumes topic as a member of group through the catalog's
-// subscriber, with claims recording its sessions, until the test ends.
-func runMember(t *testing.T, topic, group string, claims *middleware.Claims, h message.NoPublishHandlerFunc) {
+// subscriber, with claims recording its sessions and onSession told of
+// each, until the test ends.
+func runMember(t *testing.T, topic, group string, claims *middleware.Claims, onSession func(), h message.NoPublishHandlerFunc) {
 	t.Helper()
-	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, router.ConsumerBuffers{}, watermill.NopLogger{}, claims.Tracer())
+	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, router.ConsumerBuffers{}, watermill.NopLogger{}, claims.Tracer(onSession))
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

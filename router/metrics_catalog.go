@@ -23,6 +23,9 @@ type CatalogMetrics struct {
 	Consumed         *prometheus.CounterVec
 	DedupCleaned     prometheus.Counter
 	DriftCards       prometheus.Gauge
+	// GroupSessions counts the consumer-group sessions on the purchase
+	// topic this process started: one at its first join, one per rebalance.
+	GroupSessions prometheus.Counter
 	// lag feeds Lag; its middleware goes outermost in the consumer chain.
 	lag *middleware.Lag
 }
@@ -58,6 +61,8 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 			"outcome", outcomeApplied, outcomeStale, outcomeDuplicate, outcomePostOnly),
 		DedupCleaned: r.counter("catalog_promotion_dedup_keys_cleaned_total", "Dedup keys deleted after their retention."),
 		DriftCards:   r.gauge("catalog_promotion_drift_cards", "Cards whose PromotionBoost differs from the replica's sum at the last audit."),
+		GroupSessions: r.counter("catalog_promotion_group_sessions_total",
+			"Consumer-group sessions on the purchase topic this process started: one at its first join, one per rebalance."),
 	}
 	return m, r.err
 }

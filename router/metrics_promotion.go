@@ -22,8 +22,12 @@ type PromotionMetrics struct {
 	// OutboxUnreadable counts the relay's attempts at an outbox row it
 	// cannot unwrap: it rises each second while the relay is stuck on one.
 	OutboxUnreadable prometheus.Counter
-	OutboxCleaned    prometheus.Counter
-	KeysCleaned      prometheus.Counter
+	// OutboxSteppedBack is 1 while this process's relay stands back from
+	// the outbox position because its last publish failed (outbox.StepBack).
+	OutboxSteppedBack prometheus.Gauge
+	OutboxStepBacks   prometheus.Counter
+	OutboxCleaned     prometheus.Counter
+	KeysCleaned       prometheus.Counter
 }
 
 // NewPromotionMetrics registers the series on reg.
@@ -47,6 +51,10 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 		OutboxRelayed: r.counter("promotion_outbox_relayed_total", "Outbox events relayed to Kafka."),
 		OutboxUnreadable: r.counter("promotion_outbox_unreadable_rows_total",
 			"Relay attempts at an outbox row it cannot unwrap; the relay retries the row each second and relays nothing behind it."),
+		OutboxSteppedBack: r.gauge("promotion_outbox_relay_stepped_back",
+			"1 while this process's relay stands back from the outbox position because it cannot publish to Kafka."),
+		OutboxStepBacks: r.counter("promotion_outbox_relay_step_backs_total",
+			"Times this process's relay stepped back from the outbox position after a failed publish."),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
 		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 	}

@@ -42,6 +42,13 @@ type PromotionConfig struct {
 	// RelayPublisher sends the events of one outbox row, all in one Publish
 	// call. Defaults to a kafkakit.BatchPublisher on Kafka.
 	RelayPublisher message.Publisher
+	// RelayPublishTimeout bounds one publish of the relay; past it the relay
+	// cuts its producer off and steps back from the outbox position (see
+	// addRelay). Defaults to kafkakit.PublishTimeoutDefault (10s).
+	RelayPublishTimeout time.Duration
+	// RelayStepBack paces the relay's step back after a failed publish; its
+	// Probe defaults to a metadata request to Kafka.
+	RelayStepBack outbox.StepBackConfig
 }
 
 // Defaults of PromotionConfig.
@@ -64,7 +71,7 @@ func (c PromotionConfig) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{"outbox janitor interval": c.JanitorInterval,
 		"outbox poll interval": c.OutboxPollInterval, "idempotency key janitor interval": c.KeyJanitorInterval,
-		"idempotency key retention": c.IdempotencyRetention} {
+		"idempotency key retention": c.IdempotencyRetention, "relay publish timeout": c.RelayPublishTimeout} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
@@ -72,6 +79,7 @@ func (c PromotionConfig) Validate() error {
 	if c.OutboxBatchSize < 1 {
 		errs = append(errs, errors.New("outbox batch size must be >= 1"))
 	}
+	errs = append(errs, c.RelayStepBack.Validate())
 	return errors.Join(errs...)
 }
 
@@ -81,7 +89,13 @@ func (c *PromotionConfig) setDefaults() {
 	c.OutboxBatchSize = cmp.Or(c.OutboxBatchSize, OutboxBatchSizeDefault)
 	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
+	c.RelayPublishTimeout = cmp.Or(c.RelayPublishTimeout, kafkakit.PublishTimeoutDefault)
 }
+
+// relayAckMargin is how much longer than a publish the relay's subscriber
+// waits for a message's ack before it ends its transaction without one: the
+// room a timed-out publish needs to cut its producer off and nack.
+const relayAckMargin = 2 * time.Second
 
 // Promotion is the promotion context's single Watermill router: the ticker-fed
 // expirer, the outbox janitor, and the forwarder that relays the SQL outbox to Kafka.
@@ -159,32 +173,67 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // per-purchase order holds and delivery is at least once; the resend leaves
 // out the events Kafka acknowledged already (kafkakit.Resender), so a partly
 // refused group does not fill the topic with duplicates while Kafka is sick.
+//
+// The outbox position is the offsets row the subscriber's transaction locks
+// while the relay publishes a page. A failed publish, or one that Kafka does
+// not answer within RelayPublishTimeout (its producer is then cut off, so
+// nothing of it reaches Kafka later), makes this process step back
+// (outbox.StepBack): its transaction ends without an ack at the ack deadline,
+// RelayPublishTimeout + relayAckMargin after the page's message was handed
+// over, and another process takes the position, until this one reaches Kafka
+// again.
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
+	stepCfg := cfg.RelayStepBack
+	if stepCfg.Probe == nil {
+		stepCfg.Probe = cfg.Kafka.Ping
+	}
+	stepCfg.PublishTimeout = cfg.RelayPublishTimeout
+	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
+		if back {
+			m.OutboxSteppedBack.Set(1)
+			m.OutboxStepBacks.Inc()
+			log.Warn("relay steps back from the outbox position: publish failed", "pause", pause.String(), "error", cause.Error())
+			return
+		}
+		m.OutboxSteppedBack.Set(0)
+		log.Info("relay reaches Kafka again and rejoins the outbox position")
+	}
+	stepBack, err := outbox.NewStepBack(stepCfg)
+	if err != nil {
+		return err
+	}
+	p.closers = append(p.closers, func() error { stepBack.Close(); return nil })
+	ackDeadline := cfg.RelayPublishTimeout + relayAckMargin
 	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
-		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize),
+		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back),
 		OffsetsAdapter: outbox.Offsets(),
 		PollInterval:   cfg.OutboxPollInterval,
+		AckDeadline:    &ackDeadline,
 	}, wlog)
 	if err != nil {
 		return fmt.Errorf("outbox subscriber: %w", err)
 	}
 	pub := cfg.RelayPublisher
 	if pub == nil {
-		kp, err := kafkakit.NewBatchPublisher(cfg.Kafka, "promoflow-promotion-relay",
-			kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
+			Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey), Timeout: cfg.RelayPublishTimeout})
 		if err != nil {
 			return err
 		}
 		p.closers = append(p.closers, kp.Close)
 		pub = kp
 	}
+	pub = stepBack.Publisher(pub)
 	observeRelay := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
 			switch {
 			case err == nil:
 				m.OutboxRelayed.Add(float64(outbox.EventCount(msg)))
+			case errors.Is(err, outbox.ErrSteppedBack), errors.Is(err, outbox.ErrNoTimeToPublish):
+				// Nothing was published; the subscriber gave the message up
+				// at its ack deadline (the step back is logged once).
 			case errors.Is(err, outbox.ErrUnreadable):
 				// The relay retries the row each second and relays nothing
 				// behind it: loud, so that someone repairs it.
@@ -198,7 +247,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
-		Middlewares:    []message.HandlerMiddleware{observeRelay},
+		Middlewares:    []message.HandlerMiddleware{observeRelay, stepBack.Middleware},
 	})
 	if err != nil {
 		return fmt.Errorf("outbox forwarder: %w", err)

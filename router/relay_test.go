@@ -84,18 +84,25 @@ func TestRelay_BatchedKeepsPerPurchaseOrder(t *testing.T) {
 	require.EqualValues(t, len(events), catalogtest.TopicSize(t, b.topic), "no extra record on the topic")
 }
 
+// quickStepBack makes a relay that failed a publish come back soon: with a
+// short RelayPublishTimeout, a refused row is tried again within seconds.
+var quickStepBack = outbox.StepBackConfig{Pause: 100 * time.Millisecond, MaxPause: 200 * time.Millisecond}
+
 func TestRelay_NackedBatchResendsOnlyTheRefusedEventsInOrder(t *testing.T) {
 	b := setupPromotion(t, 1) // one partition: Kafka's order is the relay's order
 	before := [][]*message.Message{purchaseEvents(t, 1, "relay-before"), purchaseEvents(t, 1, "relay-before"), purchaseEvents(t, 5, "relay-before")}
 	batch := purchaseEvents(t, 40, "relay-nacked")
 	after := [][]*message.Message{purchaseEvents(t, 10, "relay-after"), purchaseEvents(t, 1, "relay-after"), purchaseEvents(t, 10, "relay-after")}
 	writeOutbox(t, b, append(append(before, batch), after...)...)
+	waitVisible(t, b, len(before)+1+len(after))
 
-	kp, err := kafkakit.NewBatchPublisher(kafkatest.Cluster(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "relay-test",
+		Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	double := &refuseHalfOnce{Publisher: kp, target: batch[0].UUID}
-	b.startRouter(t, router.PromotionConfig{RelayPublisher: double}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	b.startRouter(t, router.PromotionConfig{RelayPublisher: double, RelayPublishTimeout: 2 * time.Second,
+		RelayStepBack: quickStepBack}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
 
 	// The relay read every row as one message, in commit order. Kafka took
 	// its first half and refused the rest; the relay then sent the refused
@@ -180,23 +187,16 @@ func TestRelay_SmallTransactionsShareOneKafkaRequest(t *testing.T) {
 	gate := b.db.MustBegin()
 	gate.MustExec(`SELECT pg_current_xact_id()`)
 	writeOutbox(t, b, txs...)
-	kp, err := kafkakit.NewBatchPublisher(kafkatest.Cluster(t), "relay-test", kafka.NewWithPartitioningMarshaler(event.PartitionKey))
+	kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "relay-test",
+		Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = kp.Close() })
 	recorder := &refuseHalfOnce{Publisher: kp} // no target: refuses nothing
 	b.startRouter(t, router.PromotionConfig{RelayPublisher: recorder}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
 	require.NoError(t, gate.Commit())
 
-	var all []*message.Message
-	for _, tx := range txs {
-		all = append(all, tx...)
-	}
-	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(all) })
-	got := make([]string, len(records))
-	for i, r := range records {
-		got[i] = kafkatest.Header(r, kafka.UUIDHeaderKey)
-	}
-	require.Equal(t, uuidsOf(all), got, "every event once, in commit order")
+	want, got := relayed(t, b.topic, txs)
+	require.Equal(t, want, got, "every event once, in commit order")
 	// Each request holds whole rows; the large row goes alone. Another test's
 	// open transaction can hide the youngest rows from one read, which then
 	// splits a run of small rows, but never into one request per row.
@@ -215,7 +215,7 @@ func TestRelay_SmallTransactionsShareOneKafkaRequest(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool {
-		return testutil.ToFloat64(b.metrics.OutboxRelayed) == float64(len(all))
+		return testutil.ToFloat64(b.metrics.OutboxRelayed) == float64(len(want))
 	}, 30*time.Second, 20*time.Millisecond, "the relayed counter counts events")
 }
 
@@ -290,6 +290,35 @@ func writeOutbox(t testing.TB, b promotionBundle, txs ...[]*message.Message) {
 		require.NoError(t, outbox.PublishTx(tx, b.topic, msgs...))
 		require.NoError(t, tx.Commit())
 	}
+}
+
+// waitVisible waits until the relay can read all the outbox rows in one
+// query: it reads only transactions below the snapshot's xmin, and another
+// test's transaction that began before the last of them hides it until it
+// ends. Once visible, a row stays visible.
+func waitVisible(t *testing.T, b promotionBundle, rows int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.db.Get(&n, `SELECT count(*) FROM `+outbox.MessagesTable+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`)
+		return err == nil && n == rows
+	}, time.Minute, 10*time.Millisecond, "the relay cannot see all %d outbox rows", rows)
+}
+
+// relayed reads the topic until it holds as many records as txs has events,
+// and returns the events' MessageIds in commit order and the records' in
+// topic order.
+func relayed(t *testing.T, topic string, txs [][]*message.Message) (want, got []string) {
+	t.Helper()
+	var all []*message.Message
+	for _, tx := range txs {
+		all = append(all, tx...)
+	}
+	records := kafkatest.ReadTopic(t, topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(all) })
+	for _, r := range records {
+		got = append(got, kafkatest.Header(r, kafka.UUIDHeaderKey))
+	}
+	return uuidsOf(all), got
 }
 
 func uuidsOf(msgs []*message.Message) []string {

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Local PostgreSQL + Kafka for promoflow's tests, without Docker.
 #
-#   scripts/stack.sh up [postgres|pgbouncer|kafka]...
+#   scripts/stack.sh up [postgres|pgbouncer|kafka|kafka:N|controller:N]...
 #                             start what is not running yet (idempotent); the last
 #                             lines on stdout are the export lines, so callers can
-#                             eval "$(scripts/stack.sh up)"
+#                             eval "$(scripts/stack.sh up)"; kafka:N is broker N
+#                             alone, controller:N controller N
 #   scripts/stack.sh env      print only the export lines
 #   scripts/stack.sh fetch    fetch the Kafka jars once (the tests start a TLS/SASL
 #                             broker of their own from them) and print
 #                             export PROMOFLOW_KAFKA_LIBS=<folder>
 #   scripts/stack.sh status   say what runs (exit 0 if both run, 3 otherwise)
-#   scripts/stack.sh down [postgres|pgbouncer|kafka]...
+#   scripts/stack.sh down [postgres|pgbouncer|kafka|kafka:N|controller:N]...
 #                             stop Kafka, PgBouncer and PostgreSQL cleanly (or only
 #                             those named)
+#   scripts/stack.sh kill kafka:N|controller:N...
+#                             kill -9 Kafka broker N or controller N (fault tests)
 #   scripts/stack.sh restart postgres
 #                             pg_ctl restart -m fast: every connection is cut, the
 #                             server comes back on the same port (fault tests)
@@ -33,8 +36,22 @@
 #   PROMOFLOW_STACK_DIR              state (data, logs, pid files)  [~/.cache/promoflow/stack]
 #   PROMOFLOW_CACHE                  downloaded Kafka jars           [~/.cache/promoflow]
 #   PROMOFLOW_PG_PORT                PostgreSQL port                 [25432]
-#   PROMOFLOW_KAFKA_PORT             Kafka broker port               [29092]
-#   PROMOFLOW_KAFKA_CONTROLLER_PORT  Kafka KRaft controller port     [29093]
+#   PROMOFLOW_KAFKA_NODES            Kafka brokers: 1 is one KRaft node,
+#                                    broker and controller; more are
+#                                    brokers beside a controller quorum
+#                                    (see "nodes" below)             [1]
+#   PROMOFLOW_KAFKA_CONTROLLERS      controllers of that quorum      [3]
+#   PROMOFLOW_KAFKA_PORT             Kafka port of broker 1;
+#                                    broker N: + 2(N-1)              [29092]
+#   PROMOFLOW_KAFKA_CONTROLLER_PORT  KRaft controller port (of
+#                                    controller 1; K: + 2(K-1))      [29093]
+#   PROMOFLOW_KAFKA_HEAP             each broker's -Xmx              [768m; 512m from 3 brokers]
+#   PROMOFLOW_KAFKA_CONTROLLER_HEAP  each controller's -Xmx          [256m]
+#   PROMOFLOW_KAFKA_PROXIED          1: each node also has a listener
+#                                    advertised at a proxy's address
+#                                    (see node_proxied_port)         [0]
+#   PROMOFLOW_KAFKA_PROXIED_PORT     that listener, node N: + N-1    [KAFKA_PORT + 2 × nodes]
+#   PROMOFLOW_KAFKA_PROXY_PORT       its advertised port, + N-1      [KAFKA_PORT + 3 × nodes]
 #   PROMOFLOW_PG_DIR                 PostgreSQL folder (see pg_dir)  [computed]
 #   PROMOFLOW_KAFKA_READY_TIMEOUT    seconds to wait for Kafka       [120]
 #   PROMOFLOW_PGBOUNCER              1: PgBouncer before PostgreSQL  [0]
@@ -62,12 +79,20 @@ KAFKA_LIBS=$CACHE_DIR/kafka-$KAFKA_VERSION/libs
 PG_PORT=${PROMOFLOW_PG_PORT:-25432}
 KAFKA_PORT=${PROMOFLOW_KAFKA_PORT:-29092}
 KAFKA_CONTROLLER_PORT=${PROMOFLOW_KAFKA_CONTROLLER_PORT:-29093}
+KAFKA_NODES=${PROMOFLOW_KAFKA_NODES:-1}
+[[ $KAFKA_NODES =~ ^[1-9]$ ]] || { printf 'stack: ERROR: PROMOFLOW_KAFKA_NODES must be 1..9\n' >&2; exit 1; }
+# Three brokers at 512m each fit beside everything else on an 8 GB machine.
+KAFKA_HEAP=${PROMOFLOW_KAFKA_HEAP:-$((KAFKA_NODES >= 3 ? 512 : 768))m}
+KAFKA_CONTROLLERS=${PROMOFLOW_KAFKA_CONTROLLERS:-3}
+KAFKA_CONTROLLER_HEAP=${PROMOFLOW_KAFKA_CONTROLLER_HEAP:-256m}
+KAFKA_PROXIED=${PROMOFLOW_KAFKA_PROXIED:-0}
+KAFKA_PROXIED_PORT=${PROMOFLOW_KAFKA_PROXIED_PORT:-$((KAFKA_PORT + 2 * KAFKA_NODES))}
+KAFKA_PROXY_PORT=${PROMOFLOW_KAFKA_PROXY_PORT:-$((KAFKA_PORT + 3 * KAFKA_NODES))}
 PGBOUNCER=${PROMOFLOW_PGBOUNCER:-0}
 PGBOUNCER_PORT=${PROMOFLOW_PGBOUNCER_PORT:-26432}
 PGBOUNCER_POOL_SIZE=${PROMOFLOW_PGBOUNCER_POOL_SIZE:-20}
 HOST=127.0.0.1
 KAFKA_DIR=$STATE_DIR/kafka
-KAFKA_PID_FILE=$KAFKA_DIR/kafka.pid
 KAFKA_READY_TIMEOUT=${PROMOFLOW_KAFKA_READY_TIMEOUT:-120}
 # KafkaRaftServer logs this once the broker is unfenced and serving
 # (kafka.server.KafkaBroker.STARTED_MESSAGE in 4.x).
@@ -97,14 +122,20 @@ env_lines() {
 	elif ((pg)); then
 		echo "export DATABASE_URL=$direct"
 	fi
-	if ((kafka)); then echo "export KAFKA_BROKERS=$HOST:$KAFKA_PORT"; fi
+	if ((kafka)); then
+		echo "export KAFKA_BROKERS=$(kafka_brokers)"
+		# For the fault suite: where its proxy listens, and where it forwards to.
+		if [[ $KAFKA_PROXIED == 1 ]]; then echo "export KAFKA_PROXY_ROUTES=$(kafka_proxy_routes)"; fi
+	fi
 }
 
 # services "$@" sets want_pg and want_kafka from service names (none: both).
 # "pgbouncer" wants PgBouncer alone (down) or with PostgreSQL (up), whatever
-# PROMOFLOW_PGBOUNCER says; want_pgb is set for it.
+# PROMOFLOW_PGBOUNCER says; want_pgb is set for it. "kafka:N" wants Kafka node
+# N and "controller:N" its controller N (kafka_nodes lists their ids; empty:
+# every node).
 services() {
-	want_pg=1 want_kafka=1 want_pgb=0
+	want_pg=1 want_kafka=1 want_pgb=0 kafka_nodes=()
 	if (($#)); then
 		want_pg=0 want_kafka=0
 		local s
@@ -113,7 +144,9 @@ services() {
 			postgres | postgresql) want_pg=1 ;;
 			pgbouncer) want_pgb=1 PGBOUNCER=1 ;;
 			kafka) want_kafka=1 ;;
-			*) die "unknown service: $s (postgres, pgbouncer or kafka)" ;;
+			kafka:[1-9]) want_kafka=1 kafka_nodes+=("${s#kafka:}") ;;
+			controller:[1-9]) want_kafka=1 kafka_nodes+=($((100 + ${s#controller:}))) ;;
+			*) die "unknown service: $s (postgres, pgbouncer, kafka, kafka:N or controller:N)" ;;
 			esac
 		done
 	fi
@@ -375,41 +408,151 @@ kafka_fetch() {
 	mv "$tmp" "$KAFKA_LIBS"
 }
 
-# Pid of our broker if it runs. The command line is checked too, so a stale
+# ---- nodes
+# One node (PROMOFLOW_KAFKA_NODES=1) is broker and controller at once, id 1.
+# From two on, the brokers (ids 1..KAFKA_NODES, process.roles=broker) and a
+# quorum of KAFKA_CONTROLLERS controllers (ids 101.., process.roles=
+# controller) are separate processes, as production runs them: the quorum
+# keeps a majority while brokers die, so the cluster can still shrink ISRs
+# and refuse writes with NOT_ENOUGH_REPLICAS, and losing the active
+# controller loses no broker.
+#
+# Broker n listens on KAFKA_PORT + 2(n-1); controller k (id 100+k) on
+# KAFKA_CONTROLLER_PORT + 2(k-1), the single node on KAFKA_CONTROLLER_PORT.
+# Broker 1 keeps the folder $STATE_DIR/kafka, broker n $STATE_DIR/kafka-n,
+# controller k $STATE_DIR/kafka-controller-k.
+is_controller() { (($1 > 100)); }
+node_dir() {
+	if (($1 == 1)); then
+		echo "$KAFKA_DIR"
+	elif is_controller "$1"; then
+		echo "$STATE_DIR/kafka-controller-$(($1 - 100))"
+	else
+		echo "$STATE_DIR/kafka-$1"
+	fi
+}
+node_port() { echo $((KAFKA_PORT + 2 * ($1 - 1))); }
+node_controller_port() {
+	if is_controller "$1"; then echo $((KAFKA_CONTROLLER_PORT + 2 * ($1 - 101))); else echo "$KAFKA_CONTROLLER_PORT"; fi
+}
+# The port that says a node is up: a broker's client port, a controller's port.
+node_ready_port() { if is_controller "$1"; then node_controller_port "$1"; else node_port "$1"; fi; }
+node_name() {
+	if ((KAFKA_NODES == 1)); then
+		echo "kafka"
+	elif is_controller "$1"; then
+		echo "kafka controller $(($1 - 100))"
+	else
+		echo "kafka broker $1"
+	fi
+}
+# With PROMOFLOW_KAFKA_PROXIED=1, broker n also has a listener PROXIED on
+# KAFKA_PROXIED_PORT + n-1 that it advertises at KAFKA_PROXY_PORT + n-1: a
+# process whose bootstrap servers are the proxy ports reaches every broker
+# through whatever listens there (the fault suite's proxy), and the
+# metadata it gets names only proxy ports.
+node_proxied_port() { echo $((KAFKA_PROXIED_PORT + $1 - 1)); }
+node_proxy_port() { echo $((KAFKA_PROXY_PORT + $1 - 1)); }
+brokers() { seq 1 "$KAFKA_NODES"; }
+controllers() { if ((KAFKA_NODES > 1)); then seq 101 $((100 + KAFKA_CONTROLLERS)); fi; }
+all_nodes() { controllers; brokers; }
+
+# The brokers' client addresses, comma-separated.
+kafka_brokers() {
+	local n out=()
+	for n in $(brokers); do out+=("$HOST:$(node_port "$n")"); done
+	(IFS=,; echo "${out[*]}")
+}
+
+# proxy=upstream pairs of the PROXIED listeners, comma-separated.
+kafka_proxy_routes() {
+	local n out=()
+	for n in $(brokers); do out+=("$HOST:$(node_proxy_port "$n")=$HOST:$(node_proxied_port "$n")"); done
+	(IFS=,; echo "${out[*]}")
+}
+
+kafka_voters() {
+	local n out=()
+	for n in $(controllers); do out+=("$n@$HOST:$(node_controller_port "$n")"); done
+	(IFS=,; echo "${out[*]}")
+}
+
+# Pid of node $1 if it runs. The command line is checked too, so a stale
 # pid file whose number was reused by another process is not trusted.
 kafka_pid() {
-	local pid
-	[[ -f $KAFKA_PID_FILE ]] || return 1
-	pid=$(<"$KAFKA_PID_FILE")
+	local pid dir
+	dir=$(node_dir "$1")
+	[[ -f $dir/kafka.pid ]] || return 1
+	pid=$(<"$dir/kafka.pid")
 	[[ $pid =~ ^[0-9]+$ ]] || return 1
 	pid_alive "$pid" || return 1
-	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $KAFKA_DIR/server.properties" || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $dir/server.properties" || return 1
 	echo "$pid"
 }
 
+# What a node's storage was formatted for: another value means the data dir
+# belongs to another cluster shape and is wiped (it is test data).
+kafka_shape() {
+	if ((KAFKA_NODES == 1)); then
+		echo "$HOST:$KAFKA_CONTROLLER_PORT"
+	else
+		echo "brokers=$KAFKA_NODES voters=$(kafka_voters)"
+	fi
+}
+
 kafka_write_config() {
-	cat >"$KAFKA_DIR/server.properties" <<EOF
+	local n=$1 dir port cport roles listeners advertised protocols quorum rf isr
+	dir=$(node_dir "$n")
+	cport=$(node_controller_port "$n")
+	protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+	if ((KAFKA_NODES == 1)); then
+		port=$(node_port "$n")
+		roles=broker,controller
+		listeners="PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport"
+		advertised=$listeners
+		# Dynamic quorum (KIP-853), formatted with --standalone.
+		quorum="controller.quorum.bootstrap.servers=$HOST:$cport"
+	elif is_controller "$n"; then
+		roles=controller
+		listeners="CONTROLLER://$HOST:$cport"
+		advertised=$listeners
+		quorum="controller.quorum.voters=$(kafka_voters)"
+	else
+		port=$(node_port "$n")
+		roles=broker
+		listeners="PLAINTEXT://$HOST:$port"
+		advertised=$listeners
+		quorum="controller.quorum.voters=$(kafka_voters)"
+	fi
+	if [[ $KAFKA_PROXIED == 1 && $roles == *broker* ]]; then
+		listeners+=",PROXIED://$HOST:$(node_proxied_port "$n")"
+		advertised+=",PROXIED://$HOST:$(node_proxy_port "$n")"
+		protocols+=",PROXIED:PLAINTEXT"
+	fi
+	# Internal topics: every replica of a one-broker cluster, three (two in
+	# sync for a write) from three brokers on, as production runs them.
+	rf=$((KAFKA_NODES < 3 ? KAFKA_NODES : 3))
+	isr=$((rf < 3 ? 1 : 2))
+	cat >"$dir/server.properties" <<EOF
 # Generated by scripts/stack.sh on every start; edit the script, not this file.
-# One KRaft node that is both broker and controller, for tests only.
-process.roles=broker,controller
-node.id=1
-listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CONTROLLER_PORT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+# $(node_name "$n") of a KRaft cluster of $KAFKA_NODES broker(s), for tests only.
+process.roles=$roles
+node.id=$n
+listeners=$listeners
+advertised.listeners=$advertised
+listener.security.protocol.map=$protocols
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-# Dynamic quorum (KIP-853), formatted with --standalone.
-controller.quorum.bootstrap.servers=$HOST:$KAFKA_CONTROLLER_PORT
-log.dirs=$KAFKA_DIR/data
+$quorum
+log.dirs=$dir/data
 
-# A single node: every internal topic must have replication factor 1.
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 # Few internal partitions: faster first consumer group / transaction.
 offsets.topic.num.partitions=1
 transaction.state.log.num.partitions=1
@@ -421,6 +564,10 @@ delete.topic.enable=true
 num.partitions=1
 group.initial.rebalance.delay.ms=0
 EOF
+	# A controller-only node rejects the broker settings above.
+	if is_controller "$n"; then
+		sed -i '/^inter.broker.listener.name=/d' "$dir/server.properties"
+	fi
 }
 
 # A Kafka UUID (base64url of 16 random bytes, no padding); like
@@ -435,8 +582,9 @@ kafka_random_uuid() {
 }
 
 kafka_tail_logs() {
-	local f
-	for f in "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/kafka.out"; do
+	local f dir
+	dir=$(node_dir "$1")
+	for f in "$dir/logs/server.log" "$dir/kafka.out"; do
 		if [[ -s $f ]]; then
 			printf -- '--- last lines of %s ---\n' "$f" >&2
 			tail -n 40 "$f" >&2
@@ -445,134 +593,187 @@ kafka_tail_logs() {
 }
 
 kafka_ready() {
-	port_open "$KAFKA_PORT" &&
-		grep -qF "$KAFKA_STARTED_MSG" "$KAFKA_DIR/logs/server.log" 2>/dev/null
+	port_open "$(node_ready_port "$1")" &&
+		grep -qF "$KAFKA_STARTED_MSG" "$(node_dir "$1")/logs/server.log" 2>/dev/null
 }
 
-# Wait until the broker port accepts connections and the log says the server
+# Wait until node $1's port accepts connections and its log says the server
 # started (the port opens before the broker has joined the quorum).
 kafka_wait_ready() {
-	local pid=$1 deadline=$((SECONDS + KAFKA_READY_TIMEOUT))
-	until kafka_ready; do
+	local n=$1 pid=$2 deadline=$((SECONDS + KAFKA_READY_TIMEOUT))
+	until kafka_ready "$n"; do
 		if ! pid_alive "$pid"; then
-			kafka_tail_logs
-			die "Kafka exited during startup (logs in $KAFKA_DIR)"
+			kafka_tail_logs "$n"
+			die "$(node_name "$n") exited during startup (logs in $(node_dir "$n"))"
 		fi
 		if ((SECONDS >= deadline)); then
-			kafka_tail_logs
-			kafka_stop "$pid"
-			die "Kafka not ready on $HOST:$KAFKA_PORT after ${KAFKA_READY_TIMEOUT}s (logs in $KAFKA_DIR)"
+			kafka_tail_logs "$n"
+			kafka_stop "$n" "$pid"
+			die "$(node_name "$n") not ready on $HOST:$(node_ready_port "$n") after ${KAFKA_READY_TIMEOUT}s (logs in $(node_dir "$n"))"
 		fi
 		sleep 0.5
 	done
 }
 
-kafka_up() {
-	local pid java formatted_for cluster_id
-	if pid=$(kafka_pid); then
-		log "Kafka already running (pid $pid)"
-		kafka_wait_ready "$pid"
-		return 0
-	fi
-	local p
-	for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
-		if port_open "$p"; then
-			die "port $p is in use by another process; stop it or set PROMOFLOW_KAFKA_PORT/PROMOFLOW_KAFKA_CONTROLLER_PORT"
+# The storage of every node is formatted together, with one cluster id, when
+# any of them lacks it or was formatted for another shape.
+kafka_format() {
+	local java=$1 n dir cluster_id shape fresh=0
+	shift
+	shape=$(kafka_shape)
+	for n in $(all_nodes); do
+		dir=$(node_dir "$n")
+		if [[ ! -f $dir/data/meta.properties || $(cat "$dir/formatted-for" 2>/dev/null || true) != "$shape" ]]; then
+			fresh=1
 		fi
 	done
+	((fresh)) || return 0
+	for n in $(all_nodes); do
+		if kafka_pid "$n" >/dev/null; then
+			die "$(node_name "$n") runs on storage of another shape; stop it first (stack.sh down kafka)"
+		fi
+	done
+	cluster_id=$(kafka_random_uuid)
+	log "formatting Kafka storage of $(all_nodes | wc -l) node(s) (cluster id $cluster_id)"
+	local standalone=() pids=()
+	((KAFKA_NODES > 1)) || standalone=(--standalone)
+	for n in $(all_nodes); do
+		dir=$(node_dir "$n")
+		rm -rf "$dir/data" "$dir/formatted-for"
+		"$java" "$@" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool format \
+			"${standalone[@]}" -t "$cluster_id" -c "$dir/server.properties" >&2 9>&- &
+		pids+=("$n:$!")
+	done
+	local entry
+	for entry in "${pids[@]}"; do
+		n=${entry%%:*}
+		wait "${entry#*:}" || die "kafka-storage format of $(node_name "$n") failed"
+		echo "$shape" >"$(node_dir "$n")/formatted-for"
+	done
+}
+
+# kafka_up [node...]: start the named nodes (default: all) that do not run,
+# and wait until each is ready.
+kafka_up() {
+	local java n p dir pid heap nodes=("$@") started=()
+	((${#nodes[@]})) || mapfile -t nodes < <(all_nodes)
 	kafka_fetch
 	java=$(java_bin) || die "java not found"
-	mkdir -p "$KAFKA_DIR/logs"
-	kafka_write_config
-	# Outside the repo, so a running broker never depends on the checkout.
-	cp "$KAFKA_LOG4J" "$KAFKA_DIR/log4j2.yaml"
-	local jvm_opts=(
-		-Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.yaml"
-		-Dkafka.logs.dir="$KAFKA_DIR/logs"
-		-Djava.awt.headless=true
-	)
-
-	# The voter set written by --standalone names the controller endpoint, so a
-	# data dir formatted for another controller port cannot be reused: it is
-	# test data, start over.
-	formatted_for=$(cat "$KAFKA_DIR/formatted-for" 2>/dev/null || true)
-	if [[ -f $KAFKA_DIR/data/meta.properties && $formatted_for != "$HOST:$KAFKA_CONTROLLER_PORT" ]]; then
-		log "Kafka data was formatted for controller ${formatted_for:-?}; wiping it"
-		rm -rf "$KAFKA_DIR/data"
-	fi
-	if [[ ! -f $KAFKA_DIR/data/meta.properties ]]; then
-		cluster_id=$(kafka_random_uuid)
-		log "formatting Kafka storage (cluster id $cluster_id)"
-		rm -rf "$KAFKA_DIR/data"
-		"$java" "${jvm_opts[@]}" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool format \
-			--standalone -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >&2 ||
-			die "kafka-storage format failed"
-		echo "$HOST:$KAFKA_CONTROLLER_PORT" >"$KAFKA_DIR/formatted-for"
-	fi
-
-	# Keep the previous run's log so the readiness check only sees this run.
-	if [[ -f $KAFKA_DIR/logs/server.log ]]; then
-		mv -f "$KAFKA_DIR/logs/server.log" "$KAFKA_DIR/logs/server.log.prev"
-	fi
-	log "starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (controller $KAFKA_CONTROLLER_PORT)"
-	# setsid + nohup: the broker outlives this script and its terminal; all of
-	# its output goes to files so "$(stack.sh up)" does not wait for it.
-	setsid nohup "$java" -Xmx768m -XX:+UseG1GC "${jvm_opts[@]}" \
-		-cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
-		>"$KAFKA_DIR/kafka.out" 2>&1 </dev/null 9>&- &
-	pid=$!
-	echo "$pid" >"$KAFKA_PID_FILE"
-	local t0=$SECONDS
-	kafka_wait_ready "$pid"
-	log "Kafka ready (pid $pid) after $((SECONDS - t0))s"
+	for n in $(all_nodes); do
+		dir=$(node_dir "$n")
+		mkdir -p "$dir/logs"
+		kafka_pid "$n" >/dev/null || kafka_write_config "$n"
+		# Outside the repo, so a running broker never depends on the checkout.
+		cp "$KAFKA_LOG4J" "$dir/log4j2.yaml"
+	done
+	kafka_format "$java" -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.yaml" -Dkafka.logs.dir="$KAFKA_DIR/logs" -Djava.awt.headless=true
+	for n in "${nodes[@]}"; do
+		if pid=$(kafka_pid "$n"); then
+			log "$(node_name "$n") already running (pid $pid)"
+			started+=("$n:$pid")
+			continue
+		fi
+		for p in "$(node_ready_port "$n")" "$(node_controller_port "$n")"; do
+			if ((KAFKA_NODES == 1 || p == $(node_ready_port "$n"))) && port_open "$p"; then
+				die "port $p is in use by another process; stop it or set PROMOFLOW_KAFKA_PORT/PROMOFLOW_KAFKA_CONTROLLER_PORT"
+			fi
+		done
+		dir=$(node_dir "$n")
+		# Keep the previous run's log so the readiness check only sees this run.
+		if [[ -f $dir/logs/server.log ]]; then
+			mv -f "$dir/logs/server.log" "$dir/logs/server.log.prev"
+		fi
+		heap=$KAFKA_HEAP
+		is_controller "$n" && heap=$KAFKA_CONTROLLER_HEAP
+		log "starting Kafka $KAFKA_VERSION, $(node_name "$n"), on $HOST:$(node_ready_port "$n")"
+		# setsid + nohup: the broker outlives this script and its terminal; all of
+		# its output goes to files so "$(stack.sh up)" does not wait for it.
+		setsid nohup "$java" -Xmx"$heap" -XX:+UseG1GC \
+			-Dlog4j2.configurationFile="$dir/log4j2.yaml" -Dkafka.logs.dir="$dir/logs" -Djava.awt.headless=true \
+			-cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" \
+			>"$dir/kafka.out" 2>&1 </dev/null 9>&- &
+		echo "$!" >"$dir/kafka.pid"
+		started+=("$n:$!")
+	done
+	# Nodes of a quorum start together: none is ready before a majority runs.
+	local t0=$SECONDS entry
+	for entry in "${started[@]}"; do
+		kafka_wait_ready "${entry%%:*}" "${entry#*:}"
+	done
+	log "Kafka ready ($(for n in "${nodes[@]}"; do node_name "$n"; done | paste -sd, -)) after $((SECONDS - t0))s"
 }
 
 # SIGTERM gives a controlled shutdown; KILL only if it hangs.
 kafka_stop() {
-	local pid=$1 i
+	local n=$1 pid=$2 i
 	kill -TERM "$pid" 2>/dev/null || true
 	for ((i = 0; i < 120; i++)); do
 		pid_alive "$pid" || break
 		sleep 0.5
 	done
 	if pid_alive "$pid"; then
-		log "Kafka did not stop within 60s; killing it"
+		log "$(node_name "$n") did not stop within 60s; killing it"
 		kill -KILL "$pid" 2>/dev/null || true
 		while pid_alive "$pid"; do sleep 0.2; done
 	fi
-	rm -f "$KAFKA_PID_FILE"
+	rm -f "$(node_dir "$n")/kafka.pid"
 }
 
+# kafka_down [node...]: stop the named nodes (default: all), in parallel:
+# brokers first, then the controllers, which a broker's controlled shutdown
+# needs.
 kafka_down() {
-	local pid
-	if pid=$(kafka_pid); then
-		log "stopping Kafka (pid $pid)"
-		kafka_stop "$pid"
-	else
-		log "Kafka not running"
-		rm -f "$KAFKA_PID_FILE"
-	fi
+	local n pid group nodes=("$@") waits
+	((${#nodes[@]})) || mapfile -t nodes < <(all_nodes)
+	for group in brokers controllers; do
+		waits=()
+		for n in "${nodes[@]}"; do
+			if [[ $group == brokers ]] && is_controller "$n"; then continue; fi
+			if [[ $group == controllers ]] && ! is_controller "$n"; then continue; fi
+			if pid=$(kafka_pid "$n"); then
+				log "stopping $(node_name "$n") (pid $pid)"
+				kafka_stop "$n" "$pid" &
+				waits+=("$!")
+			else
+				log "$(node_name "$n") not running"
+				rm -f "$(node_dir "$n")/kafka.pid"
+			fi
+		done
+		for pid in "${waits[@]}"; do wait "$pid"; done
+	done
+}
+
+# kafka_kill node...: kill -9, as a crash would.
+kafka_kill() {
+	local n pid
+	for n in "$@"; do
+		pid=$(kafka_pid "$n") || die "$(node_name "$n") is not running"
+		log "kill -9 $(node_name "$n") (pid $pid)"
+		kill -KILL "$pid"
+		while pid_alive "$pid"; do sleep 0.1; done
+		rm -f "$(node_dir "$n")/kafka.pid"
+	done
 }
 
 # ------------------------------------------------------------------ commands
 
 cmd_up() {
-	local t0=$SECONDS want_pg want_kafka want_pgb
+	local t0=$SECONDS want_pg want_kafka want_pgb kafka_nodes
 	services "$@"
 	take_lock
 	if ((want_pgb)); then want_pg=1; fi
 	if ((want_pg)); then pg_up; fi
 	if ((want_pg)) && [[ $PGBOUNCER == 1 ]]; then pgb_up; fi
-	if ((want_kafka)); then kafka_up; fi
+	if ((want_kafka)); then kafka_up "${kafka_nodes[@]}"; fi
 	log "stack up in $((SECONDS - t0))s (state: $STATE_DIR)"
 	env_lines "$want_pg" "$want_kafka"
 }
 
 cmd_down() {
-	local want_pg want_kafka want_pgb
+	local want_pg want_kafka want_pgb kafka_nodes
 	services "$@"
 	take_lock
-	if ((want_kafka)); then kafka_down; fi
+	if ((want_kafka)); then kafka_down "${kafka_nodes[@]}"; fi
 	if ((want_pg || want_pgb)); then pgb_down; fi
 	if ((want_pg)); then pg_down; fi
 }
@@ -601,17 +802,25 @@ cmd_status() {
 		echo "pgbouncer: stopped"
 		rc=3
 	fi
-	if pid=$(kafka_pid); then
-		if kafka_ready; then
-			echo "kafka: running on $HOST:$KAFKA_PORT (pid $pid, data $KAFKA_DIR/data)"
+	local n running=0 name total
+	total=$(all_nodes | wc -l)
+	for n in $(all_nodes); do
+		name=$(node_name "$n")
+		if pid=$(kafka_pid "$n"); then
+			if kafka_ready "$n"; then
+				echo "$name: running on $HOST:$(node_ready_port "$n") (pid $pid, data $(node_dir "$n")/data)"
+				running=$((running + 1))
+			else
+				echo "$name: starting (pid $pid)"
+			fi
 		else
-			echo "kafka: starting (pid $pid)"
-			rc=3
+			echo "$name: stopped"
 		fi
-	else
-		echo "kafka: stopped"
-		rc=3
+	done
+	if ((KAFKA_NODES > 1)); then
+		if ((running == total)); then echo "kafka: running ($running of $total nodes)"; else echo "kafka: $running of $total nodes running"; fi
 	fi
+	((running == total)) || rc=3
 	return "$rc"
 }
 
@@ -629,6 +838,12 @@ restart)
 	*) die "restart takes postgres or pgbouncer" ;;
 	esac
 	;;
+kill)
+	take_lock
+	services "${@:2}"
+	((!want_pg && ${#kafka_nodes[@]})) || die "kill takes kafka:N or controller:N..."
+	kafka_kill "${kafka_nodes[@]}"
+	;;
 env) env_lines ;;
 fetch)
 	take_lock
@@ -637,7 +852,7 @@ fetch)
 	;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up [postgres|pgbouncer|kafka]...|down [postgres|pgbouncer|kafka]...|restart postgres|pgbouncer|env|fetch|status}" >&2
+	echo "usage: $0 {up [postgres|pgbouncer|kafka|kafka:N|controller:N]...|down [same]...|kill kafka:N|controller:N...|restart postgres|pgbouncer|env|fetch|status}" >&2
 	exit 2
 	;;
 esac

@@ -30,20 +30,31 @@ const (
 // relay sends them in one Kafka request. Transactions of one event (the
 // purchase API's) are relayed nearly as fast as the expirer's batches. The
 // page is still acked once, after its last message.
-func RelaySchema(pageRows int) wmsql.SchemaAdapter {
-	return relaySchema{Schema(max(pageRows, 1))}
+//
+// While back says the relay stands back (StepBack.Back; nil: never), it
+// selects nothing, so a poll takes no lock on the position.
+func RelaySchema(pageRows int, back func() bool) wmsql.SchemaAdapter {
+	return relaySchema{Schema(max(pageRows, 1)), back}
 }
 
 type relaySchema struct {
 	wmsql.DefaultPostgreSQLSchema
+	back func() bool
 }
+
+// standingBackSQL reads no row and locks nothing.
+const standingBackSQL = `SELECT NULL WHERE false`
 
 // SelectQuery reads the page as the default query does (the offsets row
 // locked FOR UPDATE, only transactions below the snapshot's xmin, in commit
 // order), but with the position as one row comparison, so that PostgreSQL
 // walks the primary key in order and stops after the page instead of reading
-// the whole backlog to sort it, and groups it with mergeSQL.
+// the whole backlog to sort it, and groups it with mergeSQL. While the
+// relay stands back it reads nothing (standingBackSQL).
 func (s relaySchema) SelectQuery(topic, consumerGroup string, offsets wmsql.OffsetsAdapter) wmsql.Query {
+	if s.back != nil && s.back() {
+		return wmsql.Query{Query: standingBackSQL}
+	}
 	next := offsets.NextOffsetQuery(topic, consumerGroup)
 	page := fmt.Sprintf(`WITH last_processed AS (%s)
 		SELECT "offset", transaction_id, uuid, payload, metadata FROM %s

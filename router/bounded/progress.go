@@ -77,6 +77,6 @@ func (p *Progress) Snapshot() Counts {
 
 // Summary is the one-line account every bounded command ends with.
 func (c Counts) Summary(took time.Duration) string {
-	return fmt.Sprintf("read %d, matched %d, replayed %d, parked %d, skipped %d, duplicates %d, duration %s",
-		c.Read, c.Matched, c.Replayed, c.Parked, c.Skipped, c.Duplicates, took.Round(time.Millisecond))
+	return fmt.Sprintf("read %d, matched %d, replayed %d, parked %d, skipped %d, duration %s",
+		c.Read, c.Matched, c.Replayed, c.Parked, c.Skipped, took.Round(time.Millisecond))
 }

@@ -1,8 +1,11 @@
 package kafkakit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
@@ -13,36 +16,108 @@ import (
 // SendMessages of a durable producer (Cluster.DurableProducerConfig): one round trip
 // for the batch instead of one per message. Each message stays one record,
 // marshaled as watermill-kafka's Publisher would.
+//
+// A Publish that Kafka does not answer within its Timeout cuts its producer
+// off for good (every connection reset, no new one dialed, fence.go) and
+// fails with ErrPublishTimeout; the next Publish connects a new producer. So
+// a caller that moves on after a timeout, such as a relay that lets another
+// process take the outbox position, leaves nothing of it in flight that a
+// cut network could deliver late, after newer records of the same keys.
 type BatchPublisher struct {
-	producer  sarama.SyncProducer
-	marshaler kafka.Marshaler
+	cfg BatchPublisherConfig
+
+	mu   sync.Mutex
+	conn *producerConn // nil after a cut-off: the next Publish makes one
+
+	// send is SendMessages on a connection; tests stand in for it.
+	send func(c *producerConn, records []*sarama.ProducerMessage) error
+}
+
+// BatchPublisherConfig configures a BatchPublisher.
+type BatchPublisherConfig struct {
+	// Cluster is where it publishes. Required.
+	Cluster Cluster
+	// ClientID names the producer to the brokers. Required.
+	ClientID string
+	// Marshaler turns a message into a record. Required.
+	Marshaler kafka.Marshaler
+	// Timeout bounds one Publish. Defaults to PublishTimeoutDefault.
+	Timeout time.Duration
+}
+
+// PublishTimeoutDefault is a Publish's bound: past a broker's own wait for
+// its replicas (Producer.Timeout, 10s in Sarama) and a leader election on a
+// healthy cluster (a few seconds), well within the 30s a relay may stall.
+const PublishTimeoutDefault = 10 * time.Second
+
+// ErrPublishTimeout is a Publish that Kafka did not answer within the timeout.
+var ErrPublishTimeout = errors.New("kafka did not answer within the publish timeout")
+
+func (c *BatchPublisherConfig) setDefaults() {
+	c.Timeout = cmp.Or(c.Timeout, PublishTimeoutDefault)
+}
+
+// Validate reports every missing or out-of-range setting.
+func (c BatchPublisherConfig) Validate() error {
+	c.setDefaults()
+	var errs []error
+	if err := c.Cluster.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ClientID == "" {
+		errs = append(errs, errors.New("producer client id is required"))
+	}
+	if c.Marshaler == nil {
+		errs = append(errs, errors.New("producer marshaler is required"))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, errors.New("publish timeout must be positive"))
+	}
+	return errors.Join(errs...)
 }
 
 // NewBatchPublisher connects a durable producer to the cluster.
-func NewBatchPublisher(cluster Cluster, clientID string, marshaler kafka.Marshaler) (*BatchPublisher, error) {
-	producer, err := sarama.NewSyncProducer(cluster.Brokers, cluster.DurableProducerConfig(clientID))
-	if err != nil {
+func NewBatchPublisher(cfg BatchPublisherConfig) (*BatchPublisher, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := &BatchPublisher{cfg: cfg, send: (*producerConn).sendMessages}
+	if _, err := p.current().producer(); err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
-	return &BatchPublisher{producer: producer, marshaler: marshaler}, nil
+	return p, nil
 }
 
 // Publish sends msgs to topic and returns once Kafka has acknowledged every
 // one, or an error. Within a partition the records keep the order of msgs
 // (idempotent producer, one request in flight). When Kafka refuses some of
 // them, the error is a *BatchError; the others are on Kafka, and its
-// Delivered names those a resend may leave out.
+// Delivered names those a resend may leave out. When Kafka does not answer
+// within the timeout, the error is ErrPublishTimeout, and none of msgs can
+// reach Kafka later from this call.
 func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 	records := make([]*sarama.ProducerMessage, len(msgs))
 	for i, msg := range msgs {
-		r, err := p.marshaler.Marshal(topic, msg)
+		r, err := p.cfg.Marshaler.Marshal(topic, msg)
 		if err != nil {
 			return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
 		}
 		r.Metadata = msg.UUID
 		records[i] = r
 	}
-	err := p.producer.SendMessages(records)
+	conn := p.current()
+	done := make(chan error, 1)
+	go func() { done <- p.send(conn, records) }()
+	timer := time.NewTimer(p.cfg.Timeout)
+	defer timer.Stop()
+	var err error
+	select {
+	case err = <-done:
+	case <-timer.C:
+		p.cutOff(conn)
+		return fmt.Errorf("produce %d messages: %w (%s)", len(msgs), ErrPublishTimeout, p.cfg.Timeout)
+	}
 	var perRecord sarama.ProducerErrors
 	if errors.As(err, &perRecord) {
 		be := &BatchError{Failed: make(map[string]error, len(perRecord)), Total: len(msgs)}
@@ -59,9 +134,104 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// current is the connection the next Publish uses.
+func (p *BatchPublisher) current() *producerConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		sc := p.cfg.Cluster.DurableProducerConfig(p.cfg.ClientID)
+		p.conn = &producerConn{brokers: p.cfg.Cluster.Brokers, config: sc,
+			dialer: newFencedDialer(sc.Net.DialTimeout, sc.Net.KeepAlive)}
+	}
+	return p.conn
+}
+
+// cutOff fences conn and drops it, so that the next Publish connects anew;
+// its producer is closed in the background, where it can only fail.
+func (p *BatchPublisher) cutOff(conn *producerConn) {
+	conn.dialer.abort()
+	p.mu.Lock()
+	if p.conn == conn {
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	go conn.close()
+}
+
 // Close flushes and closes the producer.
 func (p *BatchPublisher) Close() error {
-	return p.producer.Close()
+	p.mu.Lock()
+	conn := p.conn
+	p.conn = nil
+	p.mu.Unlock()
+	if conn == nil {
+		return nil
+	}
+	return conn.close()
+}
+
+// producerConn is one producer and the dialer of its connections.
+type producerConn struct {
+	brokers []string
+	config  *sarama.Config
+	dialer  *fencedDialer
+
+	mu     sync.Mutex // held while connecting, so concurrent sends share one producer
+	client sarama.Client
+	sync   sarama.SyncProducer
+	closed bool
+}
+
+// producer connects on first use. Once the dialer is fenced it fails at once.
+func (c *producerConn) producer() (sarama.SyncProducer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrFenced
+	}
+	if c.sync != nil {
+		return c.sync, nil
+	}
+	sc := *c.config
+	sc.Net.Proxy.Enable, sc.Net.Proxy.Dialer = true, c.dialer
+	client, err := sarama.NewClient(c.brokers, &sc)
+	if err != nil {
+		return nil, err
+	}
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	c.client, c.sync = client, producer
+	return producer, nil
+}
+
+func (c *producerConn) sendMessages(records []*sarama.ProducerMessage) error {
+	producer, err := c.producer()
+	if err != nil {
+		return err
+	}
+	return producer.SendMessages(records)
+}
+
+// close closes the client before the producer: a fenced producer's retries
+// then end at once (the client is closed) instead of waiting out their
+// backoffs against a dialer that refuses them.
+func (c *producerConn) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.sync == nil {
+		c.closed = true
+		return nil
+	}
+	c.closed = true
+	if c.dialer.isAborted() {
+		_ = c.client.Close()
+		_ = c.sync.Close()
+		return nil
+	}
+	return errors.Join(c.sync.Close(), c.client.Close())
 }
 
 // BatchError is a batch that Kafka did not acknowledge whole.

@@ -60,12 +60,28 @@ const probeIOTimeout = 5 * time.Second
 // another protocol), another error when no broker answers. It answers within
 // ProbeTimeout and never retries.
 func (c Cluster) Probe(ctx context.Context) error {
+	return c.within(ctx, c.probe)
+}
+
+// Ping fetches the cluster's metadata once, with short timeouts and no
+// retry: whether the brokers answer now. It answers within ProbeTimeout.
+func (c Cluster) Ping(ctx context.Context) error {
+	return c.within(ctx, func(brokers string) error {
+		if err := c.fetchMetadata(); err != nil {
+			return fmt.Errorf("kafka %s: %w", brokers, err)
+		}
+		return nil
+	})
+}
+
+// within runs f and answers within ProbeTimeout, or when ctx ends.
+func (c Cluster) within(ctx context.Context, f func(brokers string) error) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
 	brokers := strings.Join(c.Brokers, ",")
 	done := make(chan error, 1)
-	go func() { done <- c.probe(brokers) }()
+	go func() { done <- f(brokers) }()
 	select {
 	case err := <-done:
 		return err

@@ -21,8 +21,8 @@ import (
 func TestResender_RemembersOnlyTheLastCallsAcknowledgedMessages(t *testing.T) {
 	t.Parallel()
 	topic := kafkatest.TopicConfigured(t, 3, map[string]string{"max.message.bytes": "16384"})
-	pub, err := kafkakit.NewBatchPublisher(kafkatest.Cluster(t), "resend-test",
-		kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) { return m.UUID, nil }))
+	pub, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "resend-test",
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) { return m.UUID, nil })})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r := kafkakit.NewResender(pub)

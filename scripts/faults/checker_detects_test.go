@@ -33,6 +33,9 @@ type world struct {
 	malformed map[string]bool
 	// cardDelta is added to a card's boost after it is computed from the rows.
 	cardDelta map[uuid.UUID]int
+	// truncated: the topic's first record is deleted (DeleteRecords), as
+	// retention would.
+	truncated bool
 }
 
 type craftedObject struct {
@@ -214,13 +217,23 @@ func (w *world) check(t *testing.T) []violation {
 	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(t), kafkatest.Cluster(t).DurableProducerConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer producer.Close()
+	head := map[int32]int64{}
 	for _, r := range records {
 		msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(r.key), Value: sarama.ByteEncoder(r.value)}
 		if r.messageID != "" {
 			msg.Headers = []sarama.RecordHeader{{Key: []byte(kafka.UUIDHeaderKey), Value: []byte(r.messageID)}}
 		}
-		_, _, err := producer.SendMessage(msg)
+		partition, offset, err := producer.SendMessage(msg)
 		require.NoError(t, err)
+		if w.truncated && len(head) == 0 {
+			head[partition] = offset + 1
+		}
+	}
+	if w.truncated {
+		admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(t), kafkatest.Cluster(t).ClientConfig("promoflow-test"))
+		require.NoError(t, err)
+		defer admin.Close()
+		require.NoError(t, admin.DeleteRecords(topic, head))
 	}
 
 	removed, recs, err := readTopic(ctx, kafkatest.Cluster(t), topic)
@@ -303,6 +316,48 @@ func TestChecker_DetectsEachViolation(t *testing.T) {
 			w.malformed = map[string]bool{}
 			return w.extra[0].key
 		}, notAnEvent},
+		{"a version published twice", func(w *world) string {
+			d := w.purchases["D"]
+			d.publish(event.StatusActive, 1)
+			return d.base.PurchaseId.String()
+		}, duplicateVersion},
+		{"a version past the row's", func(w *world) string {
+			d := w.purchases["D"]
+			d.publish(event.StatusActive, 2)
+			return d.base.PurchaseId.String()
+		}, unexpectedVersion},
+		{"v1 not Active", func(w *world) string {
+			g := w.another("G", "D", true)
+			g.setRow(g.publish(event.StatusCancelled, 1))
+			return g.base.PurchaseId.String()
+		}, firstNotActive},
+		{"an event after the terminal one", func(w *world) string {
+			c := w.purchases["C"]
+			c.records[0], c.records[1] = c.records[1], c.records[0]
+			return c.base.PurchaseId.String()
+		}, afterTerminal},
+		{"one MessageId with other bytes", func(w *world) string {
+			d := w.purchases["D"]
+			again := d.records[0]
+			d.base.BoostWeight++
+			again.value = d.publish(event.StatusActive, 1).value
+			d.records[len(d.records)-1] = again
+			return d.base.PurchaseId.String()
+		}, messageIDReused},
+		{"a record keyed otherwise", func(w *world) string {
+			d := w.purchases["D"]
+			d.records[0].key = uuid.NewString()
+			return d.base.PurchaseId.String()
+		}, keyNotPurchase},
+		{"201 id with no row", func(w *world) string {
+			h := w.another("H", "D", true)
+			h.publish(event.StatusActive, 1)
+			return h.base.PurchaseId.String()
+		}, createdNoRow},
+		{"records removed from the topic", func(w *world) string {
+			w.truncated = true
+			return "starts at offset"
+		}, recordsRemoved},
 		{"too few boosted cards", func(w *world) string {
 			for _, name := range []string{"A", "D"} {
 				p := w.purchases[name]

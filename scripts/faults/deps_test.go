@@ -36,10 +36,11 @@ func (tr *traffic) waitCreated(n int64, timeout time.Duration, while string) {
 	}
 }
 
-// restartKafka: under traffic the broker stops, and starts again once every
-// catalog process answers /readyz unready. While it is down the API keeps
-// creating purchases (50 more get 201; their events wait in the outbox) and
-// answers no request with a 503 or a dropped connection. Every process is
+// restartKafka: under traffic Kafka (every broker and controller) stops,
+// and starts again once every catalog process answers /readyz unready.
+// While it is down the API keeps creating purchases (50 more get 201; their
+// events wait in the outbox, which holds rows) and answers no request with
+// a 503 or a dropped connection. Every process is
 // ready again by itself within 2 minutes, 50 more purchases are created,
 // and the relay and the consumer catch up (the checker at quiescence).
 func restartKafka(t *testing.T, e *env) int {
@@ -50,6 +51,10 @@ func restartKafka(t *testing.T, e *env) int {
 	unavailable, dropped := tr.unavailable.Load(), tr.dropped.Load()
 	e.waitUnready(e.catalogs, time.Minute)
 	tr.waitCreated(50, 30*time.Second, "while Kafka was down")
+	var waiting int
+	if err := e.db.Get(&waiting, `SELECT count(*) FROM promotion.outbox_messages`); err != nil || waiting == 0 {
+		e.violate("while Kafka was down no event waited in the outbox (%d rows, %v)", waiting, err)
+	}
 	if u, d := tr.unavailable.Load()-unavailable, tr.dropped.Load()-dropped; u != 0 || d != 0 {
 		e.violate("while Kafka was down the API answered %d requests with 503 and dropped %d", u, d)
 	}

@@ -36,6 +36,13 @@ type env struct {
 	promotions, catalogs      []*proc
 	projects, objects, drafts []uuid.UUID
 
+	// kafkaProxies carry the Kafka traffic of the processes a scenario
+	// names in kafkaVia (one proxy per broker); pgProxy their PostgreSQL
+	// traffic (pgVia).
+	kafkaProxies    []*proxy
+	pgProxy         *proxy
+	kafkaVia, pgVia map[string]bool
+
 	// started is when the scenario's processes were started: the window of
 	// its Prometheus checks begins there.
 	started time.Time
@@ -43,6 +50,8 @@ type env struct {
 	mu         sync.Mutex
 	violations []string
 	faults     int
+	// detail is what the scenario measured besides, for its line.
+	detail string
 	// created are the purchase ids the API answered 201 for.
 	created map[uuid.UUID]bool
 	// malformed are the keys of the records a scenario wrote to break the
@@ -61,12 +70,13 @@ func suffix() string {
 	return hex.EncodeToString(b)
 }
 
-// newEnv makes the scenario's database and processes and the chessboard's
-// cards: 3 projects of 8 published and 2 unpublished objects.
-func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
+// newEnv makes the scenario's database, proxies and processes and the
+// chessboard's cards: 3 projects of 8 published and 2 unpublished objects.
+func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	t.Helper()
 	sfx := suffix()
 	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx, created: map[uuid.UUID]bool{}, malformed: map[string]bool{},
+		kafkaVia: set(sc.kafkaVia), pgVia: set(sc.pgVia),
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
 		replay: "pin.catalog.promotion-boost-replay.faults-" + sfx, group: "pin-catalog-promotion-boost-faults-" + sfx}
 	admin, err := sqlx.Open("postgres", s.dbBase)
@@ -84,10 +94,21 @@ func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
 	e.db.SetMaxOpenConns(10)
 	t.Cleanup(func() {
 		e.stopAll()
+		for _, p := range e.proxies() {
+			p.close()
+		}
 		e.db.Close()
 		if !t.Failed() {
 			if a, err := sqlx.Open("postgres", s.dbBase); err == nil {
 				_, _ = a.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
+				a.Close()
+			}
+			// Fewer partitions on the brokers: a broker killed with -9
+			// recovers every partition it holds before it serves again.
+			if a, err := s.admin(); err == nil {
+				for _, topic := range []string{e.topic, e.dlq, e.replay} {
+					_ = a.DeleteTopic(topic)
+				}
 				a.Close()
 			}
 		}
@@ -95,11 +116,12 @@ func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
 	for i := range 3 {
 		e.tenants = append(e.tenants, tenant{token: fmt.Sprintf("token-%d-%s", i, sfx), id: uuid.New()})
 	}
-	for i := range promotions {
-		e.promotions = append(e.promotions, newProc(t, s, "promotion", i+1, e.promotionArgs()))
+	e.startProxies(u)
+	for i := range sc.promotions {
+		e.promotions = append(e.promotions, newProc(t, s, "promotion", i+1, e.promotionArgs))
 	}
-	for i := range catalogs {
-		e.catalogs = append(e.catalogs, newProc(t, s, "catalog", i+1, e.catalogArgs()))
+	for i := range sc.catalogs {
+		e.catalogs = append(e.catalogs, newProc(t, s, "catalog", i+1, e.catalogArgs))
 	}
 	for _, p := range e.all() {
 		p.unexpected = func(p *proc, x exitRecord) { e.violate("%s exited: %s (log %s)", p.name, x, p.logs) }
@@ -115,18 +137,18 @@ func newEnv(t *testing.T, s *suite, promotions, catalogs int) *env {
 	return e
 }
 
-func (e *env) promotionArgs() []string {
+func (e *env) promotionArgs(name string) []string {
 	tokens := make([]string, len(e.tenants))
 	for i, tn := range e.tenants {
 		tokens[i] = tn.token + "=" + tn.id.String()
 	}
-	return []string{"--database-url", e.dbURL, "--kafka-brokers", e.s.brokers, "--topic", e.topic,
+	return []string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic,
 		// The production schedule (60s interval, 30s most per cycle) at the alert rules' time scale.
 		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"}
 }
 
-func (e *env) catalogArgs() []string {
-	return []string{"--database-url", e.dbURL, "--kafka-brokers", e.s.brokers, "--topic", e.topic, "--dlq-topic", e.dlq,
+func (e *env) catalogArgs(name string) []string {
+	return []string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic, "--dlq-topic", e.dlq,
 		"--replay-topic", e.replay, "--consumer-group", e.group, "--admin-token", e.admin,
 		"--audit-interval", "2s", "--log-level", "warn"}
 }

@@ -26,8 +26,8 @@ import (
 )
 
 var (
-	form = flag.String("faults.form", "short", "short (CI, a few minutes) or full (the sizes the issue names)")
-	only = flag.String("faults.only", "", "run only the scenarios whose number or name contains this")
+	form = flag.String("faults.form", "short", "short (CI, a few minutes) or full (the sizes in the scenarios' names)")
+	only = flag.String("faults.only", "", "run only the scenarios whose number or name contains this (or one of these, comma-separated)")
 )
 
 // size picks a scenario size by form.
@@ -44,9 +44,16 @@ type suite struct {
 	bin     string // the promoflow binary under test
 	work    string // logs, Prometheus data
 	dbBase  string // DATABASE_URL of the stack's postgres database
-	brokers string
-	prom    *prometheus
+	brokers string // KAFKA_BROKERS, comma-separated
+	// routes are the brokers' proxied listeners (KAFKA_PROXY_ROUTES): a
+	// proxy listening at each listen address, forwarding to its upstream,
+	// carries a process's whole Kafka traffic.
+	routes []route
+	prom   *prometheus
 }
+
+// route is where a proxy listens and where it forwards to.
+type route struct{ listen, upstream string }
 
 func newSuite(t *testing.T) *suite {
 	t.Helper()
@@ -57,6 +64,11 @@ func newSuite(t *testing.T) *suite {
 	s := &suite{root: root, work: t.TempDir(), dbBase: os.Getenv("DATABASE_URL"), brokers: os.Getenv("KAFKA_BROKERS")}
 	if s.dbBase == "" || s.brokers == "" {
 		t.Fatal("DATABASE_URL and KAFKA_BROKERS must name the fault stack: run scripts/faults.sh")
+	}
+	for _, r := range strings.Split(os.Getenv("KAFKA_PROXY_ROUTES"), ",") {
+		if listen, upstream, ok := strings.Cut(r, "="); ok {
+			s.routes = append(s.routes, route{listen, upstream})
+		}
 	}
 	if dir := os.Getenv("FAULTS_LOG_DIR"); dir != "" {
 		s.work = dir
@@ -73,7 +85,9 @@ func newSuite(t *testing.T) *suite {
 }
 
 // cluster is the fault stack's Kafka, as the suite's own clients reach it.
-func (s *suite) cluster() kafkakit.Cluster { return kafkakit.Cluster{Brokers: []string{s.brokers}} }
+func (s *suite) cluster() kafkakit.Cluster {
+	return kafkakit.Cluster{Brokers: strings.Split(s.brokers, ",")}
+}
 
 // stack runs scripts/stack.sh of the fault stack (its environment is inherited).
 func (s *suite) stack(t *testing.T, args ...string) {
@@ -123,6 +137,8 @@ type result struct {
 	recovery   time.Duration
 	violations []string
 	took       time.Duration
+	// detail is what the scenario measured besides, e.g. the relay's stall.
+	detail string
 }
 
 func (r result) line() string {
@@ -130,7 +146,11 @@ func (r result) line() string {
 	if len(r.violations) > 0 {
 		verdict = "FAIL"
 	}
-	return fmt.Sprintf("scenario %2d %-34s %s: events %d, faults %d, recovered in %s, violations %d, took %s",
+	line := fmt.Sprintf("scenario %2d %-40s %s: events %d, faults %d, recovered in %s, violations %d, took %s",
 		r.num, r.name, verdict, r.events, r.faults, r.recovery.Round(100*time.Millisecond), len(r.violations),
 		r.took.Round(time.Second))
+	if r.detail != "" {
+		line += "; " + r.detail
+	}
+	return line
 }

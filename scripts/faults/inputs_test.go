@@ -24,11 +24,12 @@ import (
 
 // cancelsRaceExpirer: a burst of purchases ends at one instant (half as
 // many more end in hours) and each gets a manager's cancel, spread over
-// 2.4 s from 200 ms before that instant (the expirer runs every 2 s and
-// wakes at the earliest EndsAt). Each race has one winner, as the API said:
-// a cancel answered 200 left its purchase Cancelled, one answered 409 left
-// it Expired, and no other answer comes; both sides win some; the checker
-// finds each purchase with exactly one terminal event.
+// 2.4 s from 200 ms before that instant (the processes run with
+// EXPIRE_INTERVAL 2s and the wake-up at the earliest EndsAt). Each race has
+// one winner, as the API said: a cancel answered 200 left its purchase
+// Cancelled, one answered 409 left it Expired, and no other answer comes;
+// both sides win some; the checker finds each purchase with exactly one
+// terminal event.
 func cancelsRaceExpirer(t *testing.T, e *env) int {
 	ids, endsAt := e.burst(size(300, 1000), 100)
 	time.Sleep(time.Until(endsAt.Add(-200 * time.Millisecond)))
@@ -154,7 +155,7 @@ func malformedRecords(t *testing.T, e *env) int {
 	must(t, errors.Join(err1, err2))
 
 	n := size(1000, 10000)
-	producer, err := sarama.NewSyncProducer([]string{e.s.brokers}, e.s.cluster().DurableProducerConfig("faults"))
+	producer, err := sarama.NewSyncProducer(e.s.cluster().Brokers, e.s.cluster().DurableProducerConfig("faults"))
 	must(t, err)
 	defer producer.Close()
 	bad := map[string]bool{}

@@ -115,7 +115,7 @@ func (e *env) idle() (string, bool) {
 // consumerLag is how many records of the topic the consumer group has not
 // committed.
 func (e *env) consumerLag() (int64, error) {
-	client, err := sarama.NewClient([]string{e.s.brokers}, e.s.cluster().ClientConfig("promoflow-faults"))
+	client, err := sarama.NewClient(e.s.cluster().Brokers, e.s.cluster().ClientConfig("promoflow-faults"))
 	if err != nil {
 		return 0, fmt.Errorf("consumer lag: %w", err)
 	}

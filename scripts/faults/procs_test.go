@@ -63,9 +63,10 @@ func (x exitRecord) String() string {
 	return fmt.Sprintf("%s at %s (%s)", x.state, x.at.Format("15:04:05.000"), cause)
 }
 
-func newProc(t *testing.T, s *suite, job string, n int, args []string) *proc {
+// newProc makes the process named job-n; args gives its arguments by name.
+func newProc(t *testing.T, s *suite, job string, n int, args func(name string) []string) *proc {
 	p := &proc{name: fmt.Sprintf("%s-%d", job, n), job: job, addr: freeAddr(t), bin: s.bin}
-	p.args = append([]string{job, "--http-addr", p.addr}, args...)
+	p.args = append([]string{job, "--http-addr", p.addr}, args(p.name)...)
 	// Each process names its PostgreSQL sessions, so a scenario can see
 	// which one is inside a transaction.
 	for i, a := range p.args {

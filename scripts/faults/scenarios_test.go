@@ -5,6 +5,7 @@ package faults
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,19 +20,35 @@ type scenario struct {
 	run  func(t *testing.T, e *env) (events int)
 	// promotions and catalogs are how many processes of each it runs.
 	promotions, catalogs int
+	// full marks a scenario that only the full form runs.
+	full bool
+	// kafkaVia and pgVia name the processes ("promotion-1", "*" for all)
+	// whose Kafka or PostgreSQL traffic goes through the env's proxies.
+	kafkaVia, pgVia []string
 }
 
 var scenarios = []scenario{
-	{1, "three expirers racing", threeExpirers, 3, 1},
-	{2, "kill -9 promotion mid expirer batch", killMidBatch, 2, 1},
-	{3, "kill -9 relay holder mid relay", killRelayHolder, 2, 1},
-	{4, "kill -9 catalog mid message", killCatalog, 1, 1},
-	{5, "Kafka broker restart under load", restartKafka, 2, 2},
-	{6, "PostgreSQL restart under load", restartPostgres, 2, 2},
-	{7, "concurrent cancels racing the expirer", cancelsRaceExpirer, 2, 1},
-	{8, "projection rebuild under load", rebuildUnderLoad, 1, 2},
-	{9, "malformed records on the topic", malformedRecords, 1, 1},
-	{10, "malformed HTTP requests", malformedRequests, 1, 1},
+	{num: 1, name: "three expirers racing", run: threeExpirers, promotions: 3, catalogs: 1},
+	{num: 2, name: "kill -9 promotion mid expirer batch", run: killMidBatch, promotions: 2, catalogs: 1},
+	{num: 3, name: "kill -9 relay holder mid relay", run: killRelayHolder, promotions: 2, catalogs: 1},
+	{num: 4, name: "kill -9 catalog mid message", run: killCatalog, promotions: 1, catalogs: 1},
+	{num: 5, name: "Kafka cluster restart under load", run: restartKafka, promotions: 2, catalogs: 2},
+	{num: 6, name: "PostgreSQL restart under load", run: restartPostgres, promotions: 2, catalogs: 2},
+	{num: 7, name: "concurrent cancels racing the expirer", run: cancelsRaceExpirer, promotions: 2, catalogs: 1},
+	{num: 8, name: "projection rebuild under load", run: rebuildUnderLoad, promotions: 1, catalogs: 2},
+	{num: 9, name: "malformed records on the topic", run: malformedRecords, promotions: 1, catalogs: 1},
+	{num: 10, name: "malformed HTTP requests", run: malformedRequests, promotions: 1, catalogs: 1},
+	{num: 11, name: "(a) kill -9 leader of most partitions", run: killLeader, promotions: 2, catalogs: 2},
+	{num: 12, name: "(b) one broker down for 60s", run: brokerDown, promotions: 2, catalogs: 2, full: true},
+	{num: 13, name: "(c) two brokers down: NOT_ENOUGH_REPLICAS", run: twoBrokersDown, promotions: 2, catalogs: 2, full: true},
+	{num: 14, name: "(d) kill -9 active controller", run: killController, promotions: 2, catalogs: 2, full: true},
+	{num: 15, name: "(e) kill -9 coordinator mid-rebalance", run: killCoordinatorMidRebalance, promotions: 2, catalogs: 2, full: true},
+	{num: 16, name: "(f) relay holder cut off from Kafka", run: cutRelayHolder, promotions: 2, catalogs: 1,
+		kafkaVia: []string{"promotion-1"}},
+	{num: 17, name: "(g) catalog cut off from PostgreSQL", run: catalogCutFromPostgres, promotions: 1, catalogs: 2, full: true,
+		pgVia: []string{"catalog-1"}},
+	{num: 18, name: "(h) 200ms on every Kafka connection", run: kafkaLatency, promotions: 2, catalogs: 2, full: true,
+		kafkaVia: []string{"*"}},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
@@ -40,7 +57,12 @@ func TestFaults(t *testing.T) {
 	s := newSuite(t)
 	var results []result
 	for _, sc := range scenarios {
-		if *only != "" && !strings.Contains(fmt.Sprintf("%d %s", sc.num, sc.name), *only) {
+		if *only != "" && !slices.ContainsFunc(strings.Split(*only, ","), func(o string) bool {
+			return strings.Contains(fmt.Sprintf("%d %s", sc.num, sc.name), o)
+		}) {
+			continue
+		}
+		if sc.full && *form != "full" {
 			continue
 		}
 		r := result{num: sc.num, name: sc.name}
@@ -51,14 +73,14 @@ func TestFaults(t *testing.T) {
 			// A scenario starts on a whole stack, even when the one before
 			// failed with a server of it down.
 			s.stack(t, "up")
-			e := newEnv(t, s, sc.promotions, sc.catalogs)
+			e := newEnv(t, s, sc)
 			if !e.waitReady(60 * time.Second) {
 				t.Fatal("processes did not become ready")
 			}
 			// A quiet start: no alert of the previous scenario, or of the
 			// time before these processes ran, still fires.
 			for _, alert := range []string{"PromotionProcessesDown", "CatalogProcessesDown", "PromotionExpireJobStalled",
-				"CatalogPromotionLagHigh", "CatalogPromotionDeadLetters"} {
+				"CatalogPromotionLagHigh", "CatalogPromotionDeadLetters", "PromotionOutboxBacklogHigh", "PromotionRelayCutOffFromKafka"} {
 				e.expectAlert(alert, false, time.Minute)
 			}
 			r.events = sc.run(t, e)
@@ -66,7 +88,7 @@ func TestFaults(t *testing.T) {
 			e.checkDrift()
 			e.finish()
 			e.mu.Lock()
-			r.violations, r.faults = e.violations, e.faults
+			r.violations, r.faults, r.detail = e.violations, e.faults, e.detail
 			e.mu.Unlock()
 			for _, v := range r.violations {
 				t.Error(v)

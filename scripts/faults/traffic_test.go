@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,6 +73,14 @@ func (e *env) drive(rate int, cancelShare float64) *traffic {
 func (tr *traffic) halt() {
 	tr.stop()
 	tr.wg.Wait()
+}
+
+// end halts the traffic, logs what it did, and returns the events it caused
+// as the scenarios count them: two per purchase created, one per cancel.
+func (tr *traffic) end(t *testing.T) int {
+	tr.halt()
+	t.Logf("traffic: %s", tr)
+	return int(tr.created.Load())*2 + int(tr.cancels.Load())
 }
 
 func (tr *traffic) purchase(ctx context.Context, cancelShare float64) {

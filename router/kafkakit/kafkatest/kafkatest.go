@@ -43,13 +43,13 @@ func Topic(t testing.TB, partitions int32) string {
 	return TopicWith(t, kafkakit.Topic{Partitions: partitions})
 }
 
-// TopicWith creates a topic of the test's own as spec says; its name and a
-// replication of 1 are filled in.
+// TopicWith creates a topic of the test's own as spec says; its name is
+// filled in, and a replication that follows the cluster when spec has none.
 func TopicWith(t testing.TB, spec kafkakit.Topic) string {
 	t.Helper()
 	spec.Name = "pf-test-" + RandomSuffix()
-	spec.Replication = 1
-	require.NoError(t, kafkakit.EnsureTopics(Cluster(t), spec))
+	_, err := kafkakit.EnsureTopics(Cluster(t), spec)
+	require.NoError(t, err)
 	t.Cleanup(func() { deleteTopic(Cluster(t), spec.Name) })
 	waitForLeaders(t, spec.Name, spec.Partitions)
 	return spec.Name

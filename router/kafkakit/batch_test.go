@@ -1,0 +1,39 @@
+package kafkakit_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+)
+
+// TestBatchPublisher_PastItsTimeoutCutsTheProducerOffForGood: a Publish that
+// Kafka does not answer within its timeout fails with ErrPublishTimeout,
+// and what it was sending never reaches the topic, even when its send goes
+// on afterwards; the next Publish connects anew and is on the topic.
+func TestBatchPublisher_PastItsTimeoutCutsTheProducerOffForGood(t *testing.T) {
+	t.Parallel()
+	topic := kafkatest.Topic(t, 1)
+	pub, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "timeout-test",
+		Marshaler: kafka.DefaultMarshaler{}, Timeout: 3 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	release := pub.HoldSends()
+	err = pub.Publish(topic, message.NewMessage("late", []byte("late")))
+	require.ErrorIs(t, err, kafkakit.ErrPublishTimeout)
+	// The timed-out send goes on, on the producer that was cut off.
+	require.Error(t, release(), "a producer cut off sends nothing")
+
+	require.NoError(t, pub.Publish(topic, message.NewMessage("next", []byte("next"))))
+	got := kafkatest.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		return len(ms) > 0 && kafkatest.Header(ms[len(ms)-1], kafka.UUIDHeaderKey) == "next"
+	})
+	require.Len(t, got, 1, "the timed-out batch never reached the topic")
+}

@@ -1,0 +1,92 @@
+package kafkakit
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// ErrFenced is a dial of a producer that was cut off (fencedDialer.abort).
+var ErrFenced = errors.New("kafka producer cut off")
+
+// fencedDialer dials the brokers for one producer, and can cut that producer
+// off for good: abort resets every connection it made and refuses every
+// later dial. A reset (SO_LINGER 0) makes the kernel drop what it has not
+// delivered yet, instead of sending it after a graceful close; so once abort
+// returns, no request of that producer, not even one a cut network would
+// deliver late, can reach a broker. (A request a broker had already
+// received is appended at once, before abort returns.)
+type fencedDialer struct {
+	dialer net.Dialer
+
+	mu      sync.Mutex
+	conns   map[*fencedConn]bool
+	aborted bool
+}
+
+func newFencedDialer(timeout, keepAlive time.Duration) *fencedDialer {
+	return &fencedDialer{dialer: net.Dialer{Timeout: timeout, KeepAlive: keepAlive}, conns: map[*fencedConn]bool{}}
+}
+
+// Dial is the proxy.Dialer that Sarama's Net.Proxy takes.
+func (d *fencedDialer) Dial(network, addr string) (net.Conn, error) {
+	if d.isAborted() {
+		return nil, ErrFenced
+	}
+	c, err := d.dialer.Dial(network, addr)
+	if err != nil {
+		return nil, err
+	}
+	fc := &fencedConn{Conn: c, d: d}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.aborted { // cut off while dialing
+		reset(c)
+		return nil, ErrFenced
+	}
+	d.conns[fc] = true
+	return fc, nil
+}
+
+func (d *fencedDialer) isAborted() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.aborted
+}
+
+// abort resets every connection and refuses every later dial.
+func (d *fencedDialer) abort() {
+	d.mu.Lock()
+	d.aborted = true
+	conns := make([]*fencedConn, 0, len(d.conns))
+	for c := range d.conns {
+		conns = append(conns, c)
+	}
+	d.conns = map[*fencedConn]bool{}
+	d.mu.Unlock()
+	for _, c := range conns {
+		reset(c.Conn)
+	}
+}
+
+// reset closes c with a TCP reset.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// fencedConn is a connection its dialer keeps until it is closed.
+type fencedConn struct {
+	net.Conn
+	d *fencedDialer
+}
+
+func (c *fencedConn) Close() error {
+	c.d.mu.Lock()
+	delete(c.d.conns, c)
+	c.d.mu.Unlock()
+	return c.Conn.Close()
+}
