@@ -18,9 +18,9 @@ type watermillLogger = watermill.LoggerAdapter
 
 // Defaults of ConsumerBuffers, for a backlog spread over 48 partitions: each
 // partition gets about 90 purchase events a fetch and keeps 64 of them queued,
-// more than a second of its share at 4,000 events/s, so every partition has
-// an event ready when a transaction forms; a response holds a fetch of 128
-// partitions.
+// most of a second of its share at 4,000 events/s; a response holds a fetch
+// of 128 partitions. Together they held a catalog catching up 100,000 events
+// near 60 MB of RSS (docs/runbooks/catalog-promotion-boost.md, "Memory").
 const (
 	FetchPartitionBytesDefault = 64 << 10
 	FetchResponseBytesDefault  = 8 << 20
@@ -33,7 +33,7 @@ const (
 // one buffer, so the buffer stays until the last of its records is handled.
 // Sarama's defaults (1 MiB a partition, 50 MiB a response, 256 records read
 // ahead) held about 84 MiB of live heap, 250 MB of RSS, while one process
-// caught up 100,000 events on 48 partitions (docs/runbooks/catalog-promotion-boost.md).
+// caught up 100,000 events on 48 partitions.
 type ConsumerBuffers struct {
 	// FetchPartitionBytes is the most one fetch asks of each partition
 	// (Sarama's Consumer.Fetch.Default); a record batch larger than it comes
