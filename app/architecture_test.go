@@ -24,10 +24,11 @@ var mayImport = map[string][]string{
 	"handlers/expire":                {"handlers/event", "handlers/outbox", "handlers/purchase"},
 	"handlers/purchase/purchasetest": {"handlers/"},
 	"sqlmigrate":                     nil,
-	"sqlmigrate/pgtest":              {"sqlmigrate"},
+	"sqlmigrate/pgtest":              {"sqlmigrate", "router/tlstest"},
 	"middleware":                     {"handlers/event", "handlers/retention"},
 	"router/kafkakit":                nil,
-	"router/kafkakit/kafkatest":      {"router/kafkakit"},
+	"router/kafkakit/kafkatest":      {"router/kafkakit", "router/tlstest"},
+	"router/tlstest":                 nil,
 	"router/bounded":                 {"router/kafkakit"},
 	"router/rebuild":                 {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
 	"router/dlqreplay":               {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
@@ -44,7 +45,7 @@ var mayImport = map[string][]string{
 
 // testHelpers may be imported by any package's tests: they sit below every
 // layer (real PostgreSQL and Kafka for tests, captured logs, seeded purchases).
-var testHelpers = []string{"sqlmigrate/pgtest", "router/kafkakit", "router/kafkakit/kafkatest", "handlers/logtest",
+var testHelpers = []string{"sqlmigrate/pgtest", "router/kafkakit", "router/kafkakit/kafkatest", "router/tlstest", "handlers/logtest",
 	"handlers/purchase/purchasetest", "handlers/event"}
 
 // forbiddenInHandlers keeps the business rules free of Kafka, HTTP and flags.
