@@ -31,7 +31,16 @@ func (c *catalogConfig) register(s *settings) {
 	s.str(&c.Consumer.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
 	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
 	c.registerTimings(s)
+	c.registerBuffers(s)
 	c.Topics.register(s)
+}
+
+// registerBuffers binds what the consumer holds in memory while it catches up.
+func (c *catalogConfig) registerBuffers(s *settings) {
+	b := &c.Consumer.Buffers
+	s.int(&b.FetchPartitionBytes, "fetch-partition-bytes", "CATALOG_FETCH_PARTITION_BYTES", router.FetchPartitionBytesDefault, "most bytes one Kafka fetch asks of each partition (a larger record batch still comes whole)")
+	s.int(&b.FetchResponseBytes, "fetch-response-bytes", "CATALOG_FETCH_RESPONSE_BYTES", router.FetchResponseBytesDefault, "most bytes of one Kafka fetch response over every partition")
+	s.int(&b.ReadAhead, "read-ahead", "CATALOG_READ_AHEAD", router.ReadAheadDefault, "fetched records each partition queues ahead of the one being handled")
 }
 
 // registerTimings binds the consumer's backoff, retention and audit settings.

@@ -39,9 +39,16 @@ func Span(name string, kind trace.SpanKind) message.HandlerMiddleware {
 	}
 }
 
-// StartSpan opens a span for one message, with MessageAttrs and extra.
+// StartSpan opens a span for one message, with MessageAttrs and extra. The
+// attributes are made only for a span that records: without a trace
+// exporter every span is a no-op, and the consumer opens three per event.
 func StartSpan(ctx context.Context, name string, kind trace.SpanKind, msg *message.Message, extra ...attribute.KeyValue) (context.Context, trace.Span) {
-	return tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(append(MessageAttrs(msg), extra...)...))
+	ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(kind))
+	if span.IsRecording() {
+		span.SetAttributes(MessageAttrs(msg)...)
+		span.SetAttributes(extra...)
+	}
+	return ctx, span
 }
 
 // EndSpan marks span failed when err is not nil.

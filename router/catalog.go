@@ -69,6 +69,9 @@ type CatalogConfig struct {
 	// event's purchase and card targets, boost.Locks); an event wider than it
 	// goes alone. Defaults to middleware.GroupCommitMaxLocksDefault.
 	MaxLocks int
+	// Buffers sizes what the consumer holds in memory while it catches up.
+	// Zero fields take their defaults (ConsumerBuffers).
+	Buffers ConsumerBuffers
 	// DisablePreparedStatements sends the apply statements as text, parsed
 	// at every execution, instead of preparing them once per connection
 	// (boost.Prepare). A pooler in transaction mode (PgBouncer before 1.21)
@@ -90,6 +93,9 @@ func (c CatalogConfig) Validate() error {
 	}
 	if c.MaxBatch < 1 || c.Workers < 1 || c.MaxLocks < 1 {
 		errs = append(errs, errors.New("consumer max batch, workers and max locks must be positive"))
+	}
+	if err := c.Buffers.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.DedupRetention <= 0 || c.JanitorInterval <= 0 || c.AuditInterval <= 0 {
 		errs = append(errs, errors.New("dedup retention, janitor and audit intervals must be positive"))
@@ -113,6 +119,7 @@ func (c *CatalogConfig) setDefaults() {
 	c.MaxBatch = cmp.Or(c.MaxBatch, middleware.GroupCommitMaxBatchDefault)
 	c.Workers = cmp.Or(c.Workers, middleware.GroupCommitWorkersDefault)
 	c.MaxLocks = cmp.Or(c.MaxLocks, middleware.GroupCommitMaxLocksDefault)
+	c.Buffers.setDefaults()
 }
 
 // Catalog is the catalog context's single Watermill router: the Promotion
@@ -176,7 +183,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		if topic == cfg.Topic {
 			onSession = m.GroupSessions.Inc
 		}
-		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, wlog, claims.Tracer(onSession))
+		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer(onSession))
 		if err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -45,24 +46,36 @@ func consume(m *CatalogMetrics, log *slog.Logger, uow *unitOfWork) message.NoPub
 }
 
 // observe counts and logs what one event did (seed: consumed, skipped-stale,
-// recomputed, with PurchaseId, Version and cardsAffected).
+// recomputed, with PurchaseId, Version and cardsAffected). Its attributes are
+// strings and numbers, which slog's JSON handler writes without reflection.
 func observe(m *CatalogMetrics, log *slog.Logger, msg *message.Message, ev event.PurchaseChanged, out boost.Outcome, took time.Duration) {
-	fields := []any{"MessageId", msg.UUID, "PurchaseId", ev.PurchaseId, "Version", ev.Version, "Status", ev.Status,
-		"correlationId", msg.Metadata.Get(event.HeaderCorrelationID)}
+	ctx := context.Background()
+	info := log.Enabled(ctx, slog.LevelInfo)
+	var fields []slog.Attr
+	if info {
+		fields = []slog.Attr{slog.String("MessageId", msg.UUID), slog.String("PurchaseId", ev.PurchaseId.String()),
+			slog.Int64("Version", ev.Version), slog.String("Status", string(ev.Status)),
+			slog.String("correlationId", msg.Metadata.Get(event.HeaderCorrelationID))}
+	}
+	logInfo := func(message string, extra ...slog.Attr) {
+		if info {
+			log.LogAttrs(ctx, slog.LevelInfo, message, append(fields[:len(fields):len(fields)], extra...)...)
+		}
+	}
 	switch {
 	case out.PostOnly:
 		m.Consumed.WithLabelValues(outcomePostOnly).Inc()
-		log.Info("skipped-post-only", fields...)
+		logInfo("skipped-post-only")
 	case out.Stale:
 		m.Stale.Inc()
 		m.Consumed.WithLabelValues(outcomeStale).Inc()
-		log.Info("skipped-stale", fields...)
+		logInfo("skipped-stale")
 	default:
 		m.Consumed.WithLabelValues(outcomeApplied).Inc()
 		m.CardsRecomputed.Add(float64(out.CardsRecomputed))
-		log.Info("consumed", append(fields, "contributions", out.Contributions)...)
+		logInfo("consumed", slog.Int("contributions", out.Contributions))
 		if out.CardsRecomputed > 0 {
-			log.Info("recomputed", append(fields, "cardsAffected", out.CardsRecomputed)...)
+			logInfo("recomputed", slog.Int("cardsAffected", out.CardsRecomputed))
 		}
 	}
 	m.ConsumeDuration.Observe(float64(took.Microseconds()) / 1000)

@@ -69,6 +69,8 @@ func BenchmarkConsumer(b *testing.B) {
 		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
 			var consumer, batched, perEvent throughput
 			var perEventWorkersBest []int
+			var cpu cpuPerEvent
+			var peakMB float64
 			for i := range b.N {
 				var state *consumerBench
 				runPerEvent := func() {
@@ -82,7 +84,8 @@ func BenchmarkConsumer(b *testing.B) {
 					runPerEvent()
 				}
 				kc := newConsumerBench(b, partitions)
-				sizes := kc.consume(b, partitions, &consumer)
+				sizes, mb := kc.consume(b, partitions, &consumer, &cpu)
+				peakMB = max(peakMB, mb)
 				state = state.same(b, kc)
 				b.Logf("events per consumer transaction: mean %.1f over %d transactions (%d partitions)",
 					float64(sum(sizes))/float64(len(sizes)), len(sizes), partitions)
@@ -100,6 +103,8 @@ func BenchmarkConsumer(b *testing.B) {
 			b.ReportMetric(float64(slices.Max(perEventWorkersBest)), "per-event-workers")
 			b.ReportMetric(consumer.rate()/batched.rate(), "ratio-vs-batched")
 			b.ReportMetric(consumer.rate()/perEvent.rate(), "ratio-vs-per-event")
+			b.ReportMetric(peakMB, "peak-rss-MB")
+			cpu.report(b, "consumer")
 		})
 	}
 }
@@ -111,10 +116,33 @@ type consumerBench struct {
 	ids  []uuid.UUID // cards in creation order
 }
 
+// workload is the targets of one event on a project and one of its objects.
+type workload struct {
+	name    string
+	targets func(project, object uuid.UUID) []event.Target
+}
+
+var (
+	// cascade events target a project, whose 20 published objects each get
+	// the boost, and one of its objects: 21 cards per event.
+	cascade = workload{"cascade", func(project, object uuid.UUID) []event.Target {
+		return []event.Target{catalogtest.Target(event.TargetProject, project), catalogtest.Target(event.TargetPropertyObject, object)}
+	}}
+	// simple events target one property object: one card per event.
+	simple = workload{"simple", func(_, object uuid.UUID) []event.Target {
+		return []event.Target{catalogtest.Target(event.TargetPropertyObject, object)}
+	}}
+)
+
 // newConsumerBench makes a database with 50 projects of 20 published objects,
-// a connection for each of workers, and events over them: each activates a
-// new purchase on a project and one of its objects.
+// a connection for each of workers, and consumerEvents() cascade events over
+// them: each activates a new purchase on a project and one of its objects.
 func newConsumerBench(b *testing.B, workers int) *consumerBench {
+	return newWorkloadBench(b, workers, consumerEvents(), cascade)
+}
+
+// newWorkloadBench is newConsumerBench with n events of workload w.
+func newWorkloadBench(b *testing.B, workers, n int, w workload) *consumerBench {
 	cb := &consumerBench{c: catalogtest.New(b, true)}
 	cb.c.DB.SetMaxOpenConns(workers + 4)
 	var objects [][2]uuid.UUID
@@ -129,9 +157,9 @@ func newConsumerBench(b *testing.B, workers int) *consumerBench {
 			objects = append(objects, [2]uuid.UUID{p, o})
 		}
 	}
-	for i := range consumerEvents() {
+	for i := range n {
 		pair := objects[(i*7919)%len(objects)]
-		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%100, catalogtest.Target(event.TargetProject, pair[0]), catalogtest.Target(event.TargetPropertyObject, pair[1]))
+		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%100, w.targets(pair[0], pair[1])...)
 		cb.evs = append(cb.evs, ev)
 		msg, err := event.NewMessage(ev, "bench", time.Now())
 		require.NoError(b, err)
@@ -154,8 +182,10 @@ func (t throughput) rate() float64 { return float64(t.events) / t.secs }
 // catalog router until it consumed them all, stops it, adds to tp the events
 // it handled after its first one and the time they took (the consumer-group
 // join before the first event is left out: a one-time cost of a start), and
-// returns the size of every transaction its group commit ran, in order.
-func (cb *consumerBench) consume(b *testing.B, partitions int, tp *throughput) (sizes []int) {
+// to cpu the CPU time this process and the database's PostgreSQL backends
+// spent meanwhile. It returns the size of every transaction its group commit
+// ran, in order, and the process's peak RSS from the router's start (MiB).
+func (cb *consumerBench) consume(b *testing.B, partitions int, tp *throughput, cpu *cpuPerEvent) (sizes []int, peakMB float64) {
 	cb.c.Cfg.Topic = kafkatest.Topic(b, int32(partitions))
 	for i := 0; i < len(cb.msgs); i += 500 {
 		require.NoError(b, cb.c.Pub.Publish(cb.c.Cfg.Topic, cb.msgs[i:min(i+500, len(cb.msgs))]...))
@@ -165,13 +195,20 @@ func (cb *consumerBench) consume(b *testing.B, partitions int, tp *throughput) (
 	rec := &sizeRecorder{Histogram: m.BatchSize}
 	m.BatchSize = rec // the group commit's OnBatch observes each transaction's size here
 	cb.c.Metrics = m
+	pg := watchPGBackends(b, cb.c.DB)
+	resetPeakRSS(b)
 	stop := cb.c.Start(b)
 	require.Eventually(b, func() bool { return cb.c.Consumed() > 0 }, time.Minute, time.Millisecond, "the consumer took no event")
 	first := cb.c.Consumed()
+	selfAt, pgAt := selfCPU(b), pg.CPU()
 	secs := timed(func() { cb.c.WaitConsumed(b, float64(len(cb.evs)), 5*time.Minute) })
+	self := selfCPU(b) - selfAt
+	pg.close()
+	cpu.add(len(cb.evs)-int(first), self, pg.CPU()-pgAt, pg != nil)
+	peakMB = peakRSSMB(b)
 	stop()
 	tp.add(len(cb.evs)-int(first), secs)
-	return rec.all()
+	return rec.all(), peakMB
 }
 
 // sizeRecorder keeps every value observed, in order, besides the histogram.

@@ -64,7 +64,7 @@ func TestConsumerGroupSubscriber_EveryRebalanceEndsTheSessionClaimsFollows(t *te
 // each, until the test ends.
 func runMember(t *testing.T, topic, group string, claims *middleware.Claims, onSession func(), h message.NoPublishHandlerFunc) {
 	t.Helper()
-	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, watermill.NopLogger{}, claims.Tracer(onSession))
+	sub, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, router.ConsumerBuffers{}, watermill.NopLogger{}, claims.Tracer(onSession))
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

@@ -301,7 +301,7 @@ func closeAll(closers []func() error) error {
 // newRouter is a Watermill router logging through log. Close waits up to 30s
 // for handlers, longer than a batch or a message may take.
 func newRouter(log *slog.Logger) (*message.Router, watermill.LoggerAdapter, error) {
-	wlog := watermill.NewSlogLogger(log)
+	wlog := newWatermillLogger(log)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
 	if err != nil {
 		return nil, nil, fmt.Errorf("new router: %w", err)

@@ -1,7 +1,6 @@
 package router_test
 
 import (
-	"bufio"
 	"fmt"
 	"log/slog"
 	"os"
@@ -212,17 +211,20 @@ func resetPeakRSS(b *testing.B) {
 
 // peakRSSMB is the process's VmHWM in MiB.
 func peakRSSMB(b *testing.B) float64 {
-	f, err := os.Open("/proc/self/status")
+	raw, err := os.ReadFile("/proc/self/status")
 	require.NoError(b, err)
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+	return vmHWMMB(b, string(raw))
+}
+
+// vmHWMMB is the VmHWM line of a /proc/<pid>/status in MiB.
+func vmHWMMB(b *testing.B, status string) float64 {
+	for line := range strings.Lines(status) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
 			require.NoError(b, err)
 			return kb / 1024
 		}
 	}
-	b.Fatal("no VmHWM in /proc/self/status")
+	b.Fatal("no VmHWM in the process's status")
 	return 0
 }

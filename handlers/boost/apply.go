@@ -192,15 +192,17 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 //   - written: the version guard per purchase (a stale event writes nothing)
 //     and per row; a duplicate (same version and values) writes nothing.
 //   - changed: new − old active weight of each written target, zeros left
-//     out; delta sums them per target over the batch.
-//   - projects, objects: the writes, cards with a zero sum left out. An
-//     object's delta is its own target's plus, while published, its
-//     project's. lockCardsSQL locked every row these can write before this
-//     statement took its snapshot, so no row changes under it. The
-//     "= ANY(array)" conditions let both reads and writes use the indexes
-//     (primary keys and the project index).
+//     out; delta sums them per target over the batch, zero sums left out.
+//   - projects, object_delta, objects: the writes, cards with a zero sum
+//     left out. An object's delta is its own target's plus, while
+//     published, its project's (reached through the project index).
+//     lockCardsSQL locked every row these can write before this statement
+//     took its snapshot, so no row changes under it.
 //
-// Nothing here writes a card's status, visibility or prices (INV-1).
+// The statement is planned once per connection (Prepared, a generic plan):
+// every table is reached through a primary key or the project index, from
+// the batch's own rows, which stays the plan for any number of ids. Nothing
+// here writes a card's status, visibility or prices (INV-1).
 const applySQL = `WITH ev AS (
 	SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::bigint[], $5::boolean[], $6::timestamptz[])
 		WITH ORDINALITY AS e(purchase_id, weight, status, version, active, ends_at, i)
@@ -224,31 +226,24 @@ const applySQL = `WITH ev AS (
 		ON o.purchase_id = w.purchase_id AND o.target_kind = w.target_kind AND o.target_id = w.target_id
 	WHERE w.weight <> coalesce(o.weight, 0)
 ), delta AS (
-	SELECT kind, id, sum(d)::integer AS d FROM changed GROUP BY kind, id
-), targets AS (
-	SELECT array_agg(id) FILTER (WHERE kind = 'Project') AS projects,
-		array_agg(id) FILTER (WHERE kind = 'PropertyObject') AS objects
-	FROM delta
+	SELECT kind, id, sum(d)::integer AS d FROM changed GROUP BY kind, id HAVING sum(d) <> 0
 ), projects AS (
 	UPDATE catalog.project_cards p SET promotion_boost = p.promotion_boost + d.d, updated_at = now()
 	FROM delta d
-	WHERE p.id = ANY((SELECT projects FROM targets)::uuid[]) AND d.kind = 'Project' AND d.id = p.id AND d.d <> 0
+	WHERE d.kind = 'Project' AND p.id = d.id
 	RETURNING p.id
-), object_rows AS (
-	SELECT o.id, o.project_id, o.published,
-		coalesce(od.d, 0) + CASE WHEN o.published THEN coalesce(pd.d, 0) ELSE 0 END AS d
-	FROM catalog.property_object_cards o
-		LEFT JOIN delta od ON od.kind = 'PropertyObject' AND od.id = o.id
-		LEFT JOIN delta pd ON pd.kind = 'Project' AND pd.id = o.project_id
-	WHERE o.id = ANY((SELECT objects FROM targets)::uuid[])
-		OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[]))
+), object_delta AS (
+	SELECT id, sum(d)::integer AS d FROM (
+		SELECT d.id, d.d FROM delta d WHERE d.kind = 'PropertyObject'
+		UNION ALL
+		SELECT o.id, d.d FROM delta d JOIN catalog.property_object_cards o ON o.project_id = d.id AND o.published
+		WHERE d.kind = 'Project'
+	) x GROUP BY id HAVING sum(d) <> 0
 ), objects AS (
 	UPDATE catalog.property_object_cards o SET promotion_boost = o.promotion_boost + r.d, updated_at = now()
-	FROM object_rows r
-	WHERE (o.id = ANY((SELECT objects FROM targets)::uuid[])
-			OR (o.published AND o.project_id = ANY((SELECT projects FROM targets)::uuid[])))
-		AND o.id = r.id AND r.d <> 0
-	RETURNING o.id, r.project_id, r.published
+	FROM object_delta r
+	WHERE o.id = r.id
+	RETURNING o.id, o.project_id, o.published
 ), addressed AS (
 	SELECT c.purchase_id, p.id FROM changed c JOIN projects p ON c.kind = 'Project' AND p.id = c.id
 	UNION ALL (

@@ -11,10 +11,11 @@ import (
 )
 
 // Prepared holds ApplyBatch's statements prepared on a database, so that
-// PostgreSQL parses them once per connection. Each execution is still planned
-// for its arguments (plan_cache_mode force_custom_plan, set by ApplyBatch): a
-// generic plan cannot see how many ids the arrays hold, scanned whole card
-// tables and doubled the apply statement's execution time.
+// PostgreSQL parses and plans them once per connection: ApplyBatch sets
+// plan_cache_mode force_generic_plan for its transaction. Planning the apply
+// statement for each batch's arguments cost about a fifth of its time, and
+// its generic plan reaches every table through a primary key or the project
+// index, as its custom plans do (applySQL).
 type Prepared struct {
 	stmts map[string]*sqlx.Stmt
 }
@@ -43,7 +44,7 @@ func (p *Prepared) Close() error {
 
 // ApplyBatch is the package's ApplyBatch with the prepared statements, in tx.
 func (p *Prepared) ApplyBatch(ctx context.Context, tx *sqlx.Tx, evs []event.PurchaseChanged) ([]Outcome, error) {
-	if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_custom_plan`); err != nil {
+	if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 		return nil, wrap("set plan cache mode", err)
 	}
 	return applyBatch(ctx, querier{tx: tx, stmts: p.stmts}, evs)

@@ -7,16 +7,17 @@ import (
 	"fmt"
 	"math/big"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
 
-// The forms purchase_changed.v1.schema.json allows for an id and a time,
-// written as its patterns are.
+// The form purchase_changed.v1.schema.json allows for a time, written as
+// its pattern is.
 var (
-	idForm   = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	timeForm = regexp.MustCompile(`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
 )
 
@@ -104,11 +105,25 @@ func (d *fields) str(name string) (s string, ok bool) {
 	if raw == nil {
 		return "", false
 	}
+	if s, ok := plainString(raw); ok {
+		return s, true
+	}
 	if err := json.Unmarshal(raw, &s); err != nil {
 		d.bad(name, "must be a string")
 		return "", false
 	}
 	return s, true
+}
+
+// plainString is the value of a JSON string with no escape in valid UTF-8,
+// which is its bytes between the quotes: what json.Unmarshal decodes, read
+// without a second decoder (the payload was checked whole). Escapes and
+// invalid UTF-8, which json.Unmarshal replaces, take the decoder.
+func plainString(raw []byte) (string, bool) {
+	if len(raw) < 2 || bytes.IndexByte(raw, '\\') >= 0 || !utf8.Valid(raw) {
+		return "", false
+	}
+	return string(raw[1 : len(raw)-1]), true
 }
 
 func (d *fields) text(name string) string {
@@ -121,11 +136,35 @@ func (d *fields) id(name string) uuid.UUID {
 	if !ok {
 		return uuid.Nil
 	}
-	if !idForm.MatchString(s) {
+	if !canonicalID(s) {
 		d.bad(name, fmt.Sprintf("%q is not a lower-case canonical UUID", s))
 		return uuid.Nil
 	}
 	return uuid.MustParse(s)
+}
+
+// canonicalID reports whether s has the form the schema's id pattern
+// allows, ^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$:
+// hyphens at 8, 13, 18 and 23 and lower-case hex digits elsewhere, checked
+// byte by byte because every event has several ids.
+func canonicalID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (d *fields) time(name string) time.Time {
@@ -152,6 +191,11 @@ func (d *fields) integer(name string) int64 {
 	if raw == nil {
 		return 0
 	}
+	// The usual form, digits alone, without big.Rat; 50.0, 5e1 and numbers
+	// past int64 take the exact path below.
+	if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+		return n
+	}
 	n, ok := new(big.Rat).SetString(string(raw))
 	switch {
 	case !ok || !n.IsInt():
@@ -169,15 +213,17 @@ func (d *fields) targets(name string) []Target {
 	if raw == nil {
 		return nil
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	// One decode for the whole array: an item that is not an object (null
+	// included) is left a nil map, and the type error that names it is the
+	// violation reported below, item by item.
+	var items []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil && !isTypeError(err) {
 		d.bad(name, "must be an array")
 		return nil
 	}
 	out := make([]Target, 0, len(items))
-	for i, item := range items {
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(item, &obj); err != nil || obj == nil {
+	for i, obj := range items {
+		if obj == nil {
 			d.bad(fmt.Sprintf("%s[%d]", name, i), "must be an object")
 			out = append(out, Target{})
 			continue
@@ -187,6 +233,11 @@ func (d *fields) targets(name string) []Target {
 		d.errs = append(d.errs, t.errs...)
 	}
 	return out
+}
+
+func isTypeError(err error) bool {
+	var typeErr *json.UnmarshalTypeError
+	return errors.As(err, &typeErr)
 }
 
 // failed reports whether field, or the member that holds it, failed to decode.

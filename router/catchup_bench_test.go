@@ -1,0 +1,268 @@
+package router_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/catalogtest"
+	"github.com/promoflow/promoflow/router/kafkakit"
+	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+)
+
+// metricsPoll is how often BenchmarkCatalogCatchUp reads the process's
+// /metrics: each read gathers the Go and process collectors too, about a
+// millisecond of the process's CPU, which faster reads would add to its CPU
+// per event.
+const metricsPoll = 250 * time.Millisecond
+
+// catchUpPartitions is the purchase topic's partitions in BenchmarkCatalogCatchUp:
+// the default of a topic the processes create.
+const catchUpPartitions = 48
+
+// BenchmarkCatalogCatchUp measures a real `promoflow catalog` process, the
+// binary built from ./app, catching up a backlog. The events of a workload are
+// on a compacted topic of 48 partitions before the process starts with its
+// default settings (and any CATALOG_*, GOGC or GOMEMLIMIT of the benchmark's
+// environment), and it runs until its group's lag is 0. It reports the
+// events/s from the first event the process handled to the last; its peak
+// RSS (VmHWM, the kernel's high-water mark of the process's resident memory
+// over its whole life, read once the lag is 0); and, over the same span as the
+// events/s, the CPU time per event of the process and of the database's
+// PostgreSQL backends, and their total. 100,000 events of each workload,
+// 5,000 under -short, or PROMOFLOW_CATCHUP_EVENTS.
+func BenchmarkCatalogCatchUp(b *testing.B) {
+	bin := buildPromoflow(b)
+	n := benchSize(100_000, 5_000)
+	if v := os.Getenv("PROMOFLOW_CATCHUP_EVENTS"); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(b, err, "PROMOFLOW_CATCHUP_EVENTS")
+	}
+	for _, w := range []workload{cascade, simple} {
+		b.Run("workload="+w.name, func(b *testing.B) {
+			var tp throughput
+			var cpu cpuPerEvent
+			var peakMB float64
+			for range b.N {
+				peakMB = max(peakMB, catchUp(b, bin, n, w, &tp, &cpu))
+			}
+			b.ReportMetric(tp.rate(), "events/s")
+			b.ReportMetric(peakMB, "peak-rss-MB")
+			cpu.report(b, "catalog")
+			b.Logf("%d events (%s) on %d partitions; %s", n, w.name, catchUpPartitions, loadAverage())
+		})
+	}
+}
+
+// buildPromoflow builds the promoflow binary into the benchmark's temp
+// folder, or returns PROMOFLOW_CATCHUP_BIN, a binary built elsewhere (another
+// version, to compare).
+func buildPromoflow(b *testing.B) string {
+	if bin := os.Getenv("PROMOFLOW_CATCHUP_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(b.TempDir(), "promoflow")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/promoflow/promoflow/app").CombinedOutput()
+	require.NoError(b, err, "go build: %s", out)
+	return bin
+}
+
+// catchUp puts n events of w on a topic, runs `promoflow catalog` until its
+// lag is 0, adds its events/s and CPU time to tp and cpu, and returns its peak
+// RSS in MiB.
+func catchUp(b *testing.B, bin string, n int, w workload, tp *throughput, cpu *cpuPerEvent) (peakMB float64) {
+	cb := newWorkloadBench(b, 4, n, w)
+	topic := kafkatest.TopicWith(b, kafkakit.Topic{Partitions: catchUpPartitions, CleanupPolicy: kafkakit.PolicyCompact})
+	produceAll(b, cb, topic)
+
+	pg := watchPGBackends(b, cb.c.DB)
+	p := startCatalogProcess(b, bin, cb.c, topic)
+	require.Eventually(b, func() bool { return p.consumed(b) > 0 }, 2*time.Minute, metricsPoll, "the catalog took no event")
+	first, start := p.consumed(b), time.Now()
+	cpuAt, pgAt := p.cpu(b), pg.CPU()
+	require.Eventually(b, func() bool { return p.consumed(b) >= n }, 15*time.Minute, metricsPoll, "the catalog did not consume every event")
+	secs := time.Since(start).Seconds()
+	catalogCPU := p.cpu(b) - cpuAt
+	pg.close()
+	cpu.add(n-first, catalogCPU, pg.CPU()-pgAt, pg != nil)
+	tp.add(n-first, secs)
+
+	waitLagZero(b, cb.c.Cfg.ConsumerGroup, topic)
+	b.Logf("events per transaction: mean %.1f", p.metric(b, "catalog_promotion_batch_size_sum ")/p.metric(b, "catalog_promotion_batch_size_count "))
+	peakMB = p.peakRSSMB(b)
+	p.stop(b)
+	return peakMB
+}
+
+// produceAll publishes the bench's messages to topic, keyed by PurchaseId,
+// 500 in one request as the relay sends them (handlers/outbox), so that
+// each partition's record batches are about 10 records, as on a topic the
+// relay wrote.
+func produceAll(b *testing.B, cb *consumerBench, topic string) {
+	marshaler := kafka.NewWithPartitioningMarshaler(event.PartitionKey)
+	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(b), kafkatest.Cluster(b).DurableProducerConfig("promoflow-bench"))
+	require.NoError(b, err)
+	defer producer.Close()
+	for i := 0; i < len(cb.msgs); i += 500 {
+		var records []*sarama.ProducerMessage
+		for _, msg := range cb.msgs[i:min(i+500, len(cb.msgs))] {
+			r, err := marshaler.Marshal(topic, msg)
+			require.NoError(b, err)
+			records = append(records, r)
+		}
+		require.NoError(b, producer.SendMessages(records))
+	}
+}
+
+// catalogProcess is a running `promoflow catalog`.
+type catalogProcess struct {
+	cmd  *exec.Cmd
+	addr string
+	log  string
+	done chan struct{}
+}
+
+// startCatalogProcess starts bin as the catalog of bundle c on topic, with
+// its log in a file; the benchmark's end stops it.
+func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic string) *catalogProcess {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	addr := ln.Addr().String()
+	require.NoError(b, ln.Close())
+
+	p := &catalogProcess{cmd: exec.Command(bin, "catalog"), addr: addr, log: filepath.Join(b.TempDir(), "catalog.log"),
+		done: make(chan struct{})}
+	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "CATALOG_") || strings.HasPrefix(kv, "GOGC=") || strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			p.cmd.Env = append(p.cmd.Env, kv)
+		}
+	}
+	p.cmd.Env = append(p.cmd.Env, "DATABASE_URL="+c.URL, "KAFKA_BROKERS="+strings.Join(c.Cfg.Kafka.Brokers, ","),
+		"KAFKA_CREATE_TOPICS=false", "PROMOTION_TOPIC="+topic, "CATALOG_REPLAY_TOPIC="+c.Cfg.ReplayTopic,
+		"CATALOG_DLQ_TOPIC="+c.Cfg.DLQTopic, "CATALOG_CONSUMER_GROUP="+c.Cfg.ConsumerGroup, "HTTP_ADDR="+addr)
+	out, err := os.Create(p.log)
+	require.NoError(b, err)
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	require.NoError(b, p.cmd.Start())
+	go func() { _ = p.cmd.Wait(); out.Close(); close(p.done) }()
+	b.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// consumed is the process's catalog_promotion_consumed_total over every
+// outcome (0 until it answers).
+func (p *catalogProcess) consumed(b *testing.B) int {
+	return int(p.metric(b, "catalog_promotion_consumed_total{"))
+}
+
+// metric sums the samples of the process's /metrics whose line starts with
+// prefix (0 until it answers).
+func (p *catalogProcess) metric(b *testing.B, prefix string) float64 {
+	p.alive(b)
+	resp, err := http.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var sum float64
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), prefix); ok {
+			v, err := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
+			require.NoError(b, err)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// alive fails the benchmark, with the process's log, when it ended.
+func (p *catalogProcess) alive(b *testing.B) {
+	select {
+	case <-p.done:
+		raw, _ := os.ReadFile(p.log)
+		b.Fatalf("promoflow catalog ended: %s\n%s", p.cmd.ProcessState, tail(string(raw), 4000))
+	default:
+	}
+}
+
+// cpu is the process's CPU time so far.
+func (p *catalogProcess) cpu(b *testing.B) time.Duration {
+	cpu, ok := procCPU(p.cmd.Process.Pid)
+	require.True(b, ok, "no /proc entry of the catalog process")
+	return cpu
+}
+
+// peakRSSMB is the process's VmHWM in MiB.
+func (p *catalogProcess) peakRSSMB(b *testing.B) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	require.NoError(b, err)
+	return vmHWMMB(b, string(raw))
+}
+
+// stop ends the process with SIGTERM and requires a clean exit.
+func (p *catalogProcess) stop(b *testing.B) {
+	require.NoError(b, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		b.Fatal("promoflow catalog did not stop within a minute of SIGTERM")
+	}
+	raw, _ := os.ReadFile(p.log)
+	require.True(b, p.cmd.ProcessState.Success(), "promoflow catalog: %s\n%s", p.cmd.ProcessState, tail(string(raw), 4000))
+}
+
+// waitLagZero waits until group has committed the end of every partition of topic.
+func waitLagZero(b *testing.B, group, topic string) {
+	ends := catalogtest.PartitionSizes(b, topic)
+	admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(b), kafkatest.Cluster(b).ClientConfig("promoflow-bench"))
+	require.NoError(b, err)
+	defer admin.Close()
+	parts := make([]int32, 0, len(ends))
+	for p := range ends {
+		parts = append(parts, p)
+	}
+	lag := int64(-1)
+	require.Eventually(b, func() bool {
+		resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+		if err != nil {
+			return false
+		}
+		lag = 0
+		for p, end := range ends {
+			block := resp.GetBlock(topic, p)
+			if block == nil || block.Offset < 0 {
+				lag += end
+				continue
+			}
+			lag += end - block.Offset
+		}
+		return lag == 0
+	}, time.Minute, 50*time.Millisecond, "group %s still lags %d records behind", group, lag)
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
