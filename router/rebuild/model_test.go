@@ -199,6 +199,18 @@ func modelDiff(t *testing.T, b *catalogtest.Bundle, h *history) []string {
 	return diff
 }
 
+// corruptedAfterHistory is a running catalog that consumed a history of 12
+// purchases per card set, whose projection was then corrupted.
+func corruptedAfterHistory(t *testing.T) (b *catalogtest.Bundle, h *history, projects, objects []uuid.UUID) {
+	b = setup(t)
+	projects, objects = cards(t, b)
+	b.Start(t)
+	h = &history{}
+	produceHistory(t, b, h, projects, objects, 12)
+	corrupt(t, b, h)
+	return b, h, projects, objects
+}
+
 // corrupt damages the projection as a lost write or a hand edit would: one
 // card's boost off, one active contribution gone, a bogus contribution and a
 // bogus dedup mark added. It checks that the projection no longer matches the

@@ -56,12 +56,7 @@ func (r *reader) waitReads(t *testing.T, what string) {
 // the rebuild or the one after it, never a mix, and the storefront's card
 // reads answer throughout, the switch included.
 func TestRebuild_ReadersNeverSeeAPartialProjection(t *testing.T) {
-	b := setup(t)
-	projects, objects := cards(t, b)
-	b.Start(t)
-	h := &history{}
-	produceHistory(t, b, h, projects, objects, 12)
-	corrupt(t, b, h)
+	b, h, _, _ := corruptedAfterHistory(t)
 	before, err := readView(t.Context(), b, false)
 	require.NoError(t, err)
 

@@ -71,12 +71,7 @@ func cards(t *testing.T, b *catalogtest.Bundle) (projects, objects []uuid.UUID) 
 // corrupted, then rebuilt. The result must equal the model of the events
 // sent, and the consumer's dedup marks are left as they were.
 func TestCatalog_DeterministicReplayAfterRebuild(t *testing.T) {
-	b := setup(t)
-	projects, objects := cards(t, b)
-	b.Start(t)
-	h := &history{}
-	produceHistory(t, b, h, projects, objects, 12)
-	corrupt(t, b, h)
+	b, h, _, _ := corruptedAfterHistory(t)
 	marks := dedupMarks(t, b)
 
 	st, err := newRebuilder(t, b).Run(context.Background())

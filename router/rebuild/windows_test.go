@@ -43,12 +43,7 @@ func windowEvents(t *testing.T, b *catalogtest.Bundle, h *history, project, obje
 // consumer applies those it can before the rebuild goes on. Once both are
 // done, the projection is the model of every event sent.
 func TestRebuild_EventsInEveryWindowAreKept(t *testing.T) {
-	b := setup(t)
-	projects, objects := cards(t, b)
-	b.Start(t)
-	h := &history{}
-	produceHistory(t, b, h, projects, objects, 12)
-	corrupt(t, b, h)
+	b, h, projects, objects := corruptedAfterHistory(t)
 
 	rb := newRebuilder(t, b)
 	var mu sync.Mutex
