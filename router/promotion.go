@@ -231,9 +231,16 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 			switch {
 			case err == nil:
 				m.OutboxRelayed.Add(float64(outbox.EventCount(msg)))
-			case errors.Is(err, outbox.ErrSteppedBack), errors.Is(err, outbox.ErrNoTimeToPublish):
+			case errors.Is(err, outbox.ErrSteppedBack):
 				// Nothing was published; the subscriber gave the message up
 				// at its ack deadline (the step back is logged once).
+			case errors.Is(err, outbox.ErrNoTimeToPublish):
+				// Nothing was published: the message reached the handler too
+				// late for a publish to end before its ack deadline. Said
+				// each time, because a relay that keeps meeting it relays
+				// nothing.
+				log.Warn("relay gives an outbox page up unpublished: its ack deadline leaves no time for a publish",
+					"offset", msg.Metadata.Get(outbox.OffsetMetadataKey), "publishTimeout", cfg.RelayPublishTimeout.String())
 			case errors.Is(err, outbox.ErrUnreadable):
 				// The relay retries the row each second and relays nothing
 				// behind it: loud, so that someone repairs it.
