@@ -16,12 +16,13 @@ import (
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
-// TestRebuild_SwitchDoesNotDeadlockWithALiveBatch forces, with lock waits
+// TestRebuild_ResetDoesNotDeadlockWithALiveBatch forces, with lock waits
 // seen in pg_stat_activity, the interleaving in which a whole-projection
-// writer (the rebuild's switch, RecomputeAllTx) starts while a live batch
+// writer (the rebuild's switch, which resets the live projection to the
+// built one, and RecomputeAllTx) starts while a live batch
 // holds the card tables and has not yet touched the contributions: the batch
 // goes on to its apply, and both commit.
-func TestRebuild_SwitchDoesNotDeadlockWithALiveBatch(t *testing.T) {
+func TestRebuild_ResetDoesNotDeadlockWithALiveBatch(t *testing.T) {
 	t.Parallel()
 	t.Run("rebuild switch", func(t *testing.T) {
 		b := catalogtest.New(t, true)
