@@ -25,6 +25,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/router/audit"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
@@ -48,10 +49,13 @@ const rebuildBinaryEnv = "PROMOFLOW_BENCH_REBUILD_BIN"
 // start; with PROMOFLOW_BENCH_REBUILD_BIN, the maximum RSS of the real
 // process), each phase's time, the raw COPY's rows/s and the ratio, and the
 // p99 and most of the card reads (200/s) that run throughout the rebuild.
+// After each rebuild it runs the replica audit (`promoflow audit --replica`:
+// the card check and the replica against the topic) and reports its time and
+// peak RSS; the audit must find no drift and nothing pending.
 func BenchmarkRebuild(b *testing.B) {
 	rb := newRebuildBench(b)
-	var took, copySecs time.Duration
-	var peakMB float64
+	var took, copySecs, auditSecs time.Duration
+	var peakMB, auditMB float64
 	var reads []time.Duration
 	phases := map[string]float64{}
 	for range b.N {
@@ -65,6 +69,9 @@ func BenchmarkRebuild(b *testing.B) {
 			phases[k] += v
 		}
 		rb.check(b)
+		t, mb = rb.audit(b)
+		auditSecs += t
+		auditMB = max(auditMB, mb)
 	}
 	n := float64(rb.events * b.N)
 	rate, copyRate := n/took.Seconds(), n/copySecs.Seconds()
@@ -81,6 +88,8 @@ func BenchmarkRebuild(b *testing.B) {
 		b.ReportMetric(float64(reads[len(reads)-1].Microseconds())/1000, "card-read-max-ms")
 	}
 	b.ReportMetric(float64(len(reads)), "card-reads")
+	b.ReportMetric(auditSecs.Seconds()/float64(b.N), "audit-replica-s")
+	b.ReportMetric(auditMB, "audit-peak-rss-MB")
 }
 
 type rebuildBench struct {
@@ -233,8 +242,7 @@ func (rb *rebuildBench) rebuild(b *testing.B) (time.Duration, float64, map[strin
 // rebuildProcess runs `bin rebuild` on the bench's database and topic.
 func (rb *rebuildBench) rebuildProcess(b *testing.B, bin string) (time.Duration, float64, map[string]float64) {
 	cmd := exec.Command(bin, "rebuild")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+rb.c.URL, "KAFKA_BROKERS="+strings.Join(rb.c.Cfg.Kafka.Brokers, ","),
-		"PROMOTION_TOPIC="+rb.c.Cfg.Topic, "MIGRATE_ON_START=false")
+	cmd.Env = rb.processEnv()
 	stderr, err := cmd.StderrPipe()
 	require.NoError(b, err)
 	phases := collectPhases(stderr)
@@ -248,6 +256,12 @@ func (rb *rebuildBench) rebuildProcess(b *testing.B, bin string) (time.Duration,
 	require.True(b, ok)
 	b.Logf("promoflow rebuild: %s, max RSS %d kB (%s)", took.Round(time.Millisecond), usage.Maxrss, bin)
 	return took, float64(usage.Maxrss) / 1024, ph
+}
+
+// processEnv points a promoflow process at the bench's database and topic.
+func (rb *rebuildBench) processEnv() []string {
+	return append(os.Environ(), "DATABASE_URL="+rb.c.URL, "KAFKA_BROKERS="+strings.Join(rb.c.Cfg.Kafka.Brokers, ","),
+		"PROMOTION_TOPIC="+rb.c.Cfg.Topic, "CATALOG_CONSUMER_GROUP="+rb.c.Cfg.ConsumerGroup, "MIGRATE_ON_START=false")
 }
 
 // collectPhases reads a rebuild's JSON log until it ends and sends each
@@ -302,4 +316,47 @@ func (rb *rebuildBench) check(b *testing.B) {
 	var n int
 	require.NoError(b, sqlx.Get(rb.c.DB, &n, `SELECT count(*) FROM catalog.promotion_contributions`))
 	require.Equal(b, 2*rb.events, n, fmt.Sprintf("one contribution per purchase and target, %d purchases", rb.events))
+}
+
+// audit runs the card check and the replica check, in this process or as a
+// promoflow process, requires that they find every purchase and no drift or
+// pending record, and returns their time and peak RSS in MiB.
+func (rb *rebuildBench) audit(b *testing.B) (time.Duration, float64) {
+	var rep struct {
+		Cards   audit.CardsReport    `json:"cards"`
+		Replica *audit.ReplicaReport `json:"replica"`
+	}
+	var took time.Duration
+	var peak float64
+	if bin := os.Getenv(rebuildBinaryEnv); bin != "" {
+		cmd := exec.Command(bin, "audit", "--replica", "--json")
+		cmd.Env = rb.processEnv()
+		start := time.Now()
+		out, err := cmd.Output()
+		took = time.Since(start)
+		require.NoError(b, err, "promoflow audit --replica: %s", out)
+		require.NoError(b, json.Unmarshal(out, &rep), "promoflow audit --replica --json: %s", out)
+		usage, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		require.True(b, ok)
+		peak = float64(usage.Maxrss) / 1024
+	} else {
+		a, err := audit.New(audit.Config{DB: rb.c.DB, Kafka: rb.c.Cfg.Kafka, Topic: rb.c.Cfg.Topic,
+			ConsumerGroup: rb.c.Cfg.ConsumerGroup})
+		require.NoError(b, err)
+		resetPeakRSS(b)
+		start := time.Now()
+		rep.Cards, err = a.Cards(context.Background())
+		require.NoError(b, err)
+		r, err := a.Replica(context.Background())
+		require.NoError(b, err)
+		took, peak, rep.Replica = time.Since(start), peakRSSMB(b), &r
+	}
+	require.Zero(b, rep.Cards.Drifted, "the audit's drifted cards")
+	require.NotNil(b, rep.Replica)
+	require.Equal(b, int64(rb.events), rep.Replica.Purchases, "the audit's purchases")
+	require.Zero(b, rep.Replica.Drifted, "the audit's drifted purchases")
+	require.Zero(b, rep.Replica.Pending, "the audit's pending purchases")
+	b.Logf("audit --replica: %s, peak RSS %.1f MB, %d cards, %d purchases", took.Round(time.Millisecond), peak,
+		rep.Cards.Checked, rep.Replica.Purchases)
+	return took, peak
 }

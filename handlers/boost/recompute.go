@@ -81,14 +81,22 @@ func cardDriftSQL(sum sums) string {
 ) cards WHERE stored <> want`
 }
 
+// replicaTotalsSQL is the replica's sum of active contributions per target,
+// in one grouped pass over the active rows' index. A check of every card reads
+// its sums from it: the per-card sums of replicaSums would read a project's
+// contributions once for each of its objects.
+const replicaTotalsSQL = `SELECT target_kind, target_id, sum(boost_weight)::integer AS weight
+	FROM catalog.promotion_contributions WHERE active GROUP BY target_kind, target_id`
+
 // driftSQL lists the cards whose boost is not the replica's formula.
-var driftSQL = cardDriftSQL(replicaSums)
+var driftSQL = `WITH totals AS MATERIALIZED (` + replicaTotalsSQL + `) ` + cardDriftSQL(tableSums("totals"))
 
 // recomputeCardsSQL sets every card whose boost is not the formula's over
-// sum to the formula's value and counts them. Only promotion_boost is
-// written (INV-1).
-func recomputeCardsSQL(sum sums) string {
-	return `WITH drift AS (` + cardDriftSQL(sum) + `), projects AS (
+// sum to the formula's value and counts them; ctes, when not empty, are
+// common table expressions the sums read, each followed by a comma. Only
+// promotion_boost is written (INV-1).
+func recomputeCardsSQL(ctes string, sum sums) string {
+	return `WITH ` + ctes + ` drift AS (` + cardDriftSQL(sum) + `), projects AS (
 			UPDATE catalog.project_cards p SET promotion_boost = d.want, updated_at = now()
 			FROM drift d WHERE d.kind = 'Project' AND p.id = d.id
 			RETURNING 1
@@ -99,6 +107,9 @@ func recomputeCardsSQL(sum sums) string {
 		)
 		SELECT (SELECT count(*) FROM projects) + (SELECT count(*) FROM objects)`
 }
+
+// recomputeAllSQL sets every drifted card to the replica's formula.
+var recomputeAllSQL = recomputeCardsSQL(`totals AS MATERIALIZED (`+replicaTotalsSQL+`),`, tableSums("totals"))
 
 // Drift lists the cards whose boost differs from the replica's sum, for an
 // audit of the deltas. It needs no lock: every committed write keeps the cards
@@ -121,7 +132,7 @@ func RecomputeAllTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		return 0, wrap("lock projection", err)
 	}
 	var n int
-	if err := tx.GetContext(ctx, &n, recomputeCardsSQL(replicaSums)); err != nil {
+	if err := tx.GetContext(ctx, &n, recomputeAllSQL); err != nil {
 		return 0, wrap("recompute cards", err)
 	}
 	return n, nil
