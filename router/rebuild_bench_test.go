@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -248,14 +248,13 @@ func (rb *rebuildBench) rebuildProcess(b *testing.B, bin string) (time.Duration,
 	phases := collectPhases(stderr)
 	start := time.Now()
 	require.NoError(b, cmd.Start())
+	peak := watchPeakRSS(cmd.Process.Pid)
 	ph := <-phases
 	err = cmd.Wait()
-	took := time.Since(start)
+	took, mb := time.Since(start), peak()
 	require.NoError(b, err, "promoflow rebuild")
-	usage, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	require.True(b, ok)
-	b.Logf("promoflow rebuild: %s, max RSS %d kB (%s)", took.Round(time.Millisecond), usage.Maxrss, bin)
-	return took, float64(usage.Maxrss) / 1024, ph
+	b.Logf("promoflow rebuild: %s, peak RSS %.1f MB (%s)", took.Round(time.Millisecond), mb, bin)
+	return took, mb, ph
 }
 
 // processEnv points a promoflow process at the bench's database and topic.
@@ -331,14 +330,15 @@ func (rb *rebuildBench) audit(b *testing.B) (time.Duration, float64) {
 	if bin := os.Getenv(rebuildBinaryEnv); bin != "" {
 		cmd := exec.Command(bin, "audit", "--replica", "--json")
 		cmd.Env = rb.processEnv()
+		var out, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &stderr
 		start := time.Now()
-		out, err := cmd.Output()
-		took = time.Since(start)
-		require.NoError(b, err, "promoflow audit --replica: %s", out)
-		require.NoError(b, json.Unmarshal(out, &rep), "promoflow audit --replica --json: %s", out)
-		usage, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-		require.True(b, ok)
-		peak = float64(usage.Maxrss) / 1024
+		require.NoError(b, cmd.Start())
+		stop := watchPeakRSS(cmd.Process.Pid)
+		err := cmd.Wait()
+		took, peak = time.Since(start), stop()
+		require.NoError(b, err, "promoflow audit --replica: %s", stderr.String())
+		require.NoError(b, json.Unmarshal(out.Bytes(), &rep), "promoflow audit --replica --json: %s", out.String())
 	} else {
 		a, err := audit.New(audit.Config{DB: rb.c.DB, Kafka: rb.c.Cfg.Kafka, Topic: rb.c.Cfg.Topic,
 			ConsumerGroup: rb.c.Cfg.ConsumerGroup})

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -218,13 +219,48 @@ func peakRSSMB(b *testing.B) float64 {
 
 // vmHWMMB is the VmHWM line of a /proc/<pid>/status in MiB.
 func vmHWMMB(b *testing.B, status string) float64 {
+	mb, ok := parseVmHWM(status)
+	if !ok {
+		b.Fatalf("no readable VmHWM in the process's status:\n%s", status)
+	}
+	return mb
+}
+
+// parseVmHWM reads the VmHWM line of a /proc/<pid>/status in MiB.
+func parseVmHWM(status string) (float64, bool) {
 	for line := range strings.Lines(status) {
 		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
-			require.NoError(b, err)
-			return kb / 1024
+			return kb / 1024, err == nil
 		}
 	}
-	b.Fatal("no VmHWM in the process's status")
-	return 0
+	return 0, false
+}
+
+// watchPeakRSS samples the VmHWM of a running process every 20 ms until
+// stop, which returns the last sample in MiB. A child's rusage is no measure
+// of its own peak: a child that Go starts shares the parent's memory until it
+// execs, and the kernel carries the parent's high-water mark into the child's
+// maximum RSS.
+func watchPeakRSS(pid int) (stop func() float64) {
+	done := make(chan struct{})
+	var last float64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+				if mb, ok := parseVmHWM(string(raw)); ok {
+					last = max(last, mb)
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() float64 { close(done); wg.Wait(); return last }
 }
