@@ -217,7 +217,7 @@ func LockProjectionTx(ctx context.Context, tx *sqlx.Tx) error {
 // invalidates its cached plans when the table is dropped.
 func (b Build) SwitchTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
 	var cards int
-	if err := tx.GetContext(ctx, &cards, recomputeCardsSQL("", tableSums(b.sums()))); err != nil {
+	if err := tx.GetContext(ctx, &cards, recomputeCardsSQL("", b.sums())); err != nil {
 		return 0, wrap("switch cards", err)
 	}
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE catalog.promotion_contributions IN ACCESS EXCLUSIVE MODE`); err != nil {

@@ -28,13 +28,18 @@ func replicaSums(kind event.TargetKind, id string) string {
 		WHERE c.active AND c.target_kind = '` + string(kind) + `' AND c.target_id = ` + id + `)`
 }
 
-// tableSums reads the target's sum from a table of sums by target (a
-// rebuild's); a target it does not name sums to 0.
-func tableSums(table string) sums {
-	return func(kind event.TargetKind, id string) string {
-		return `coalesce((SELECT s.weight FROM ` + table + ` s
-			WHERE s.target_kind = '` + string(kind) + `' AND s.target_id = ` + id + `), 0)`
-	}
+// joinedSums reads the sums that cardDriftSQL joins to each card from a
+// table of sums by target, one join per kind (alias s_<kind>, on the id the
+// formula names); a target the table does not name sums to 0.
+func joinedSums(kind event.TargetKind, _ string) string {
+	return `coalesce(s_` + string(kind) + `.weight, 0)`
+}
+
+// joinSums is the join of table's sum of the kind's target id to a card.
+func joinSums(table string, kind event.TargetKind, id string) string {
+	alias := `s_` + string(kind)
+	return ` LEFT JOIN ` + table + ` ` + alias + ` ON ` + alias + `.target_kind = '` + string(kind) +
+		`' AND ` + alias + `.target_id = ` + id
 }
 
 // projectBoost is the SQL boost of the project card with the given id.
@@ -70,33 +75,38 @@ type CardDrift struct {
 	Want   int              `db:"want"`
 }
 
-// cardDriftSQL lists the cards whose boost is not the formula's over sum.
-func cardDriftSQL(sum sums) string {
+// cardDriftSQL lists the cards whose boost is not the formula's over table,
+// a table of sums by target (target_kind, target_id, weight). The sums are
+// joined to the cards, so that the check is one pass over each side whatever
+// their sizes.
+func cardDriftSQL(table string) string {
 	return `SELECT kind, id, stored, want FROM (
-	SELECT 'Project' AS kind, id, promotion_boost AS stored, ` + projectBoost(sum, "id") + ` AS want
-	FROM catalog.project_cards
+	SELECT 'Project' AS kind, id, promotion_boost AS stored, ` + projectBoost(joinedSums, "id") + ` AS want
+	FROM catalog.project_cards` + joinSums(table, event.TargetProject, "id") + `
 	UNION ALL
-	SELECT 'PropertyObject', id, promotion_boost, ` + objectBoost(sum, "id", "project_id", "published") + `
-	FROM catalog.property_object_cards
+	SELECT 'PropertyObject', id, promotion_boost, ` + objectBoost(joinedSums, "id", "project_id", "published") + `
+	FROM catalog.property_object_cards` + joinSums(table, event.TargetPropertyObject, "id") +
+		joinSums(table, event.TargetProject, "project_id") + `
 ) cards WHERE stored <> want`
 }
 
-// replicaTotalsSQL is the replica's sum of active contributions per target,
-// in one grouped pass over the active rows' index. A check of every card reads
-// its sums from it: the per-card sums of replicaSums would read a project's
-// contributions once for each of its objects.
-const replicaTotalsSQL = `SELECT target_kind, target_id, sum(boost_weight)::integer AS weight
-	FROM catalog.promotion_contributions WHERE active GROUP BY target_kind, target_id`
+// replicaTotals is the replica's sum of active contributions per target, in
+// one grouped pass over the active rows' index, as the common table
+// expression "totals". A check of every card reads its sums from it: the
+// per-card sums of replicaSums would read a project's contributions once for
+// each of its objects.
+const replicaTotals = `totals AS MATERIALIZED (SELECT target_kind, target_id, sum(boost_weight)::integer AS weight
+	FROM catalog.promotion_contributions WHERE active GROUP BY target_kind, target_id)`
 
 // driftSQL lists the cards whose boost is not the replica's formula.
-var driftSQL = `WITH totals AS MATERIALIZED (` + replicaTotalsSQL + `) ` + cardDriftSQL(tableSums("totals"))
+var driftSQL = `WITH ` + replicaTotals + ` ` + cardDriftSQL("totals")
 
 // recomputeCardsSQL sets every card whose boost is not the formula's over
-// sum to the formula's value and counts them; ctes, when not empty, are
-// common table expressions the sums read, each followed by a comma. Only
-// promotion_boost is written (INV-1).
-func recomputeCardsSQL(ctes string, sum sums) string {
-	return `WITH ` + ctes + ` drift AS (` + cardDriftSQL(sum) + `), projects AS (
+// table (cardDriftSQL) to the formula's value and counts them; ctes, when not
+// empty, are common table expressions before it, each followed by a comma.
+// Only promotion_boost is written (INV-1).
+func recomputeCardsSQL(ctes, table string) string {
+	return `WITH ` + ctes + ` drift AS (` + cardDriftSQL(table) + `), projects AS (
 			UPDATE catalog.project_cards p SET promotion_boost = d.want, updated_at = now()
 			FROM drift d WHERE d.kind = 'Project' AND p.id = d.id
 			RETURNING 1
@@ -109,7 +119,7 @@ func recomputeCardsSQL(ctes string, sum sums) string {
 }
 
 // recomputeAllSQL sets every drifted card to the replica's formula.
-var recomputeAllSQL = recomputeCardsSQL(`totals AS MATERIALIZED (`+replicaTotalsSQL+`),`, tableSums("totals"))
+var recomputeAllSQL = recomputeCardsSQL(replicaTotals+`,`, "totals")
 
 // Drift lists the cards whose boost differs from the replica's sum, for an
 // audit of the deltas. It needs no lock: every committed write keeps the cards
