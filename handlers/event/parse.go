@@ -28,15 +28,15 @@ var (
 // fraction (50.0 is 50), and unknown fields are ignored so that additive
 // contract changes stay compatible.
 func Parse(payload []byte) (PurchaseChanged, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &obj); err != nil {
-		var syntax *json.SyntaxError
-		if errors.As(err, &syntax) {
-			return PurchaseChanged{}, &ContractError{Reason: "malformed JSON: " + err.Error()}
-		}
-		return PurchaseChanged{}, &ContractError{Reason: "the payload is not a JSON object"}
+	if !json.Valid(payload) {
+		// The decoder's own words for what is wrong, as one check of the
+		// whole payload finds it.
+		err := json.Unmarshal(payload, new(json.RawMessage))
+		return PurchaseChanged{}, &ContractError{Reason: "malformed JSON: " + err.Error()}
 	}
-	if obj == nil {
+	var buf [16]member
+	obj, ok := splitObject(payload, buf[:0])
+	if !ok {
 		return PurchaseChanged{}, &ContractError{Reason: "the payload is not a JSON object"}
 	}
 	d := fields{obj: obj}
@@ -46,7 +46,7 @@ func Parse(payload []byte) (PurchaseChanged, error) {
 		PackageKind:   d.text("PackageKind"),
 		Targets:       d.targets("Targets"),
 		BoostWeight:   int(d.integer("BoostWeight")),
-		Status:        Status(d.text("Status")),
+		Status:        Status(d.enum("Status", string(StatusActive), string(StatusExpired), string(StatusCancelled), string(StatusPending))),
 		PaymentStatus: d.text("PaymentStatus"),
 		StartsAt:      d.time("StartsAt"),
 		EndsAt:        d.time("EndsAt"),
@@ -68,15 +68,22 @@ func Parse(payload []byte) (PurchaseChanged, error) {
 
 // fields reads the members of one JSON object, each of the type the schema
 // states, and collects a *ContractError per member that is missing or of
-// another type. Ranges and enums are Validate's.
+// another type. Ranges and enums are Validate's. The object is the item at
+// index item of the array member list, or the payload itself when list is
+// empty.
 type fields struct {
-	obj    map[string]json.RawMessage
-	prefix string
-	errs   []error
+	obj  object
+	list string
+	item int
+	errs []error
 }
 
 func (d *fields) bad(name, reason string) {
-	d.errs = append(d.errs, &ContractError{Field: d.prefix + name, Reason: reason})
+	field := name
+	if d.list != "" {
+		field = fmt.Sprintf("%s[%d].%s", d.list, d.item, name)
+	}
+	d.errs = append(d.errs, &ContractError{Field: field, Reason: reason})
 }
 
 // JSON types by the first byte of a value.
@@ -86,49 +93,62 @@ func isNumber(b byte) bool { return b == '-' || b >= '0' && b <= '9' }
 
 // member returns the raw value of name, or nil (a violation) when it is
 // missing or not of the JSON type kind, which its first byte tells (is).
-func (d *fields) member(name, kind string, is func(byte) bool) json.RawMessage {
-	raw, ok := d.obj[name]
+func (d *fields) member(name, kind string, is func(byte) bool) []byte {
+	raw, ok := d.obj.get(name)
 	if !ok {
 		d.bad(name, "is required")
 		return nil
 	}
-	if raw = bytes.TrimSpace(raw); len(raw) == 0 || !is(raw[0]) {
+	if len(raw) == 0 || !is(raw[0]) {
 		d.bad(name, "must be "+kind)
 		return nil
 	}
 	return raw
 }
 
-// str reads a string member; ok is false after a violation.
-func (d *fields) str(name string) (s string, ok bool) {
+// str reads a string member's value; ok is false after a violation. The
+// bytes are the payload's own when the string has no escape.
+func (d *fields) str(name string) (s []byte, ok bool) {
 	raw := d.member(name, "a string", isString)
 	if raw == nil {
-		return "", false
+		return nil, false
 	}
 	if s, ok := plainString(raw); ok {
 		return s, true
 	}
-	if err := json.Unmarshal(raw, &s); err != nil {
+	var v string
+	if err := json.Unmarshal(raw, &v); err != nil {
 		d.bad(name, "must be a string")
-		return "", false
+		return nil, false
 	}
-	return s, true
+	return []byte(v), true
 }
 
 // plainString is the value of a JSON string with no escape in valid UTF-8,
 // which is its bytes between the quotes: what json.Unmarshal decodes, read
 // without a second decoder (the payload was checked whole). Escapes and
 // invalid UTF-8, which json.Unmarshal replaces, take the decoder.
-func plainString(raw []byte) (string, bool) {
+func plainString(raw []byte) ([]byte, bool) {
 	if len(raw) < 2 || bytes.IndexByte(raw, '\\') >= 0 || !utf8.Valid(raw) {
-		return "", false
+		return nil, false
 	}
-	return string(raw[1 : len(raw)-1]), true
+	return raw[1 : len(raw)-1], true
 }
 
 func (d *fields) text(name string) string {
 	s, _ := d.str(name)
-	return s
+	return string(s)
+}
+
+// enum is text that is most often one of known, returned without a copy.
+func (d *fields) enum(name string, known ...string) string {
+	s, _ := d.str(name)
+	for _, k := range known {
+		if string(s) == k {
+			return k
+		}
+	}
+	return string(s)
 }
 
 func (d *fields) id(name string) uuid.UUID {
@@ -140,14 +160,18 @@ func (d *fields) id(name string) uuid.UUID {
 		d.bad(name, fmt.Sprintf("%q is not a lower-case canonical UUID", s))
 		return uuid.Nil
 	}
-	return uuid.MustParse(s)
+	id, err := uuid.ParseBytes(s)
+	if err != nil {
+		panic(err) // canonicalID checked the form
+	}
+	return id
 }
 
 // canonicalID reports whether s has the form the schema's id pattern
 // allows, ^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$:
 // hyphens at 8, 13, 18 and 23 and lower-case hex digits elsewhere, checked
 // byte by byte because every event has several ids.
-func canonicalID(s string) bool {
+func canonicalID(s []byte) bool {
 	if len(s) != 36 {
 		return false
 	}
@@ -172,11 +196,11 @@ func (d *fields) time(name string) time.Time {
 	if !ok {
 		return time.Time{}
 	}
-	if !timeForm.MatchString(s) {
+	if !timeForm.Match(s) {
 		d.bad(name, fmt.Sprintf("%q is not an RFC 3339 date-time (upper-case T and Z, at most 9 fraction digits)", s))
 		return time.Time{}
 	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+	t, err := time.Parse(time.RFC3339Nano, string(s))
 	if err != nil {
 		d.bad(name, fmt.Sprintf("%q is not a date-time: %v", s, err))
 	}
@@ -213,31 +237,25 @@ func (d *fields) targets(name string) []Target {
 	if raw == nil {
 		return nil
 	}
-	// One decode for the whole array: an item that is not an object (null
-	// included) is left a nil map, and the type error that names it is the
-	// violation reported below, item by item.
-	var items []map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil && !isTypeError(err) {
-		d.bad(name, "must be an array")
-		return nil
-	}
-	out := make([]Target, 0, len(items))
-	for i, obj := range items {
-		if obj == nil {
+	var out []Target
+	var buf [4]member
+	splitArray(raw, func(item []byte) {
+		i := len(out)
+		obj, ok := splitObject(item, buf[:0])
+		if !ok {
 			d.bad(fmt.Sprintf("%s[%d]", name, i), "must be an object")
 			out = append(out, Target{})
-			continue
+			return
 		}
-		t := fields{obj: obj, prefix: fmt.Sprintf("%s%s[%d].", d.prefix, name, i)}
-		out = append(out, Target{TargetKind: TargetKind(t.text("TargetKind")), TargetId: t.id("TargetId")})
+		t := fields{obj: obj, list: name, item: i}
+		kind := t.enum("TargetKind", string(TargetProject), string(TargetPropertyObject), string(TargetPost))
+		out = append(out, Target{TargetKind: TargetKind(kind), TargetId: t.id("TargetId")})
 		d.errs = append(d.errs, t.errs...)
+	})
+	if out == nil {
+		out = []Target{}
 	}
 	return out
-}
-
-func isTypeError(err error) bool {
-	var typeErr *json.UnmarshalTypeError
-	return errors.As(err, &typeErr)
 }
 
 // failed reports whether field, or the member that holds it, failed to decode.

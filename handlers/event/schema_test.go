@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
@@ -96,6 +99,9 @@ func FuzzParse_AgreesWithTheSchema(f *testing.F) {
 		if err != nil {
 			t.Fatalf("marshal the accepted event: %v", err)
 		}
+		if want := readByEncodingJSON(t, payload); !bytes.Equal(raw, want) {
+			t.Fatalf("the parser read other values than encoding/json reads from %s\nparser:        %s\nencoding/json: %s", payload, raw, want)
+		}
 		if err := validate(schema, raw); err != nil {
 			t.Fatalf("the producer's form of an accepted event breaks the schema: %s\n%v", raw, err)
 		}
@@ -107,6 +113,50 @@ func FuzzParse_AgreesWithTheSchema(f *testing.F) {
 			t.Fatalf("round trip changed the event:\n%s\n%s", raw, back)
 		}
 	})
+}
+
+// readByEncodingJSON is an accepted payload's event as encoding/json reads
+// it into maps (the last of a name written twice counts, escapes decoded),
+// in the producer's form: the values the parser must have read.
+func readByEncodingJSON(t *testing.T, payload []byte) []byte {
+	t.Helper()
+	var m struct {
+		PurchaseId, TenantId, PackageKind, Status, PaymentStatus string
+		StartsAt, EndsAt                                         time.Time
+		BoostWeight, Version                                     json.Number
+		Targets                                                  []map[string]json.RawMessage
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &members); err != nil {
+		t.Fatalf("encoding/json cannot read an accepted payload %s: %v", payload, err)
+	}
+	fields := map[string]any{"PurchaseId": &m.PurchaseId, "TenantId": &m.TenantId, "PackageKind": &m.PackageKind,
+		"Status": &m.Status, "PaymentStatus": &m.PaymentStatus, "StartsAt": &m.StartsAt, "EndsAt": &m.EndsAt,
+		"BoostWeight": &m.BoostWeight, "Version": &m.Version, "Targets": &m.Targets}
+	for name, into := range fields {
+		if err := json.Unmarshal(members[name], into); err != nil {
+			t.Fatalf("encoding/json cannot read %s of an accepted payload %s: %v", name, payload, err)
+		}
+	}
+	integer := func(n json.Number) int64 {
+		r, ok := new(big.Rat).SetString(string(n))
+		if !ok || !r.IsInt() || !r.Num().IsInt64() {
+			t.Fatalf("an accepted payload's %s is not an int64", n)
+		}
+		return r.Num().Int64()
+	}
+	ev := event.PurchaseChanged{PurchaseId: uuid.MustParse(m.PurchaseId), TenantId: uuid.MustParse(m.TenantId),
+		PackageKind: m.PackageKind, BoostWeight: int(integer(m.BoostWeight)), Status: event.Status(m.Status),
+		PaymentStatus: m.PaymentStatus, StartsAt: m.StartsAt, EndsAt: m.EndsAt, Version: integer(m.Version)}
+	for _, tg := range m.Targets {
+		var kind, id string
+		require.NoError(t, json.Unmarshal(tg["TargetKind"], &kind))
+		require.NoError(t, json.Unmarshal(tg["TargetId"], &id))
+		ev.Targets = append(ev.Targets, event.Target{TargetKind: event.TargetKind(kind), TargetId: uuid.MustParse(id)})
+	}
+	out, err := json.Marshal(ev)
+	require.NoError(t, err)
+	return out
 }
 
 // edit decodes a JSON object (numbers kept as written), applies fn and encodes it.
@@ -168,6 +218,10 @@ func malformedShapes(t testing.TB, golden []byte) [][]byte {
 	out = append(out,
 		append([]byte(`{"TenantId":"x",`), golden[1:]...),
 		append([]byte(`{"TenantId":"`+id+`",`), bytes.Replace(golden[1:], []byte(id), []byte("x"), 1)...),
+		// Escapes in names and values: decoded before they are read.
+		bytes.Replace(golden, []byte(`"PurchaseId"`), []byte(`"Purchase\u0049d"`), 1),
+		bytes.Replace(golden, []byte(`"Status": "Expired"`), []byte(`"Status": "\u0045xpired"`), 1),
+		bytes.Replace(golden, []byte(`"TargetId": "66666666`), []byte(`"TargetId": "\u00366666666`), 1),
 		[]byte(`null`), []byte(`[]`), []byte(`"x"`), []byte(`1`), []byte(`{}`),
 		append(bytes.Clone(golden), []byte(` {}`)...),
 		append(bytes.Clone(golden), []byte(` `)...),
