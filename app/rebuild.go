@@ -34,6 +34,8 @@ func runRebuild(ctx context.Context, args []string) error {
 	s.int(&cfg.SwitchRecords, "switch-records", "REBUILD_SWITCH_RECORDS", rebuild.SwitchRecordsDefault,
 		"catch up until at most this many records arrived since; the switch folds those in while it holds the writers back")
 	s.int(&cfg.CatchUps, "catch-ups", "REBUILD_CATCH_UPS", rebuild.CatchUpsDefault, "most catch-ups before the switch")
+	s.dur(&cfg.SwitchWait, "switch-wait", "REBUILD_SWITCH_WAIT", rebuild.SwitchWaitDefault,
+		"longest the switch waits for a lock (a long reader of the replica) before it lets the writers go on and tries again")
 	db, log, err := common.openCommand(ctx, s, args, "rebuild")
 	if err != nil {
 		return err

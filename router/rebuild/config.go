@@ -24,6 +24,9 @@ const (
 	SwitchRecordsDefault = 1000
 	// CatchUpsDefault is the most catch-ups before the switch.
 	CatchUpsDefault = 10
+	// SwitchWaitDefault is how long the switch waits for a lock before it
+	// gives way to the projection's writers and tries again.
+	SwitchWaitDefault = 2 * time.Second
 )
 
 // Config configures a Rebuilder.
@@ -47,6 +50,13 @@ type Config struct {
 	// CatchUps caps the catch-ups; the switch then folds what is left,
 	// however much. Defaults to 10.
 	CatchUps int
+	// SwitchWait bounds how long the switch waits for each lock it takes
+	// (lock_timeout). The switch holds the projection's writers back while
+	// it waits, so a reader that holds the replica for long (an audit, a
+	// report) would stall the consumer for as long; past SwitchWait the
+	// switch rolls back, lets the writers go on for SwitchWait, catches up
+	// and tries again. Defaults to 2s.
+	SwitchWait time.Duration
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -65,6 +75,9 @@ func (c Config) Validate() error {
 	if c.SwitchRecords < 1 || c.CatchUps < 1 {
 		errs = append(errs, errors.New("rebuild: switch records and catch-ups must be >= 1"))
 	}
+	if c.SwitchWait < time.Millisecond {
+		errs = append(errs, errors.New("rebuild: switch wait must be at least 1ms"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -75,4 +88,5 @@ func (c *Config) setDefaults() {
 	c.StaleAfter = cmp.Or(c.StaleAfter, StaleAfterDefault)
 	c.SwitchRecords = cmp.Or(c.SwitchRecords, SwitchRecordsDefault)
 	c.CatchUps = cmp.Or(c.CatchUps, CatchUpsDefault)
+	c.SwitchWait = cmp.Or(c.SwitchWait, SwitchWaitDefault)
 }

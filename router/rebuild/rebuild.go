@@ -19,7 +19,10 @@
 //   - switch: one transaction holds the projection's writers back in the
 //     global lock order (handlers/boost/lock.go), reads the final ends, folds
 //     the last records in, gives every card whose boost changes its new value,
-//     renames the new replica into place and records the rebuild done.
+//     renames the new replica into place and records the rebuild done. Each
+//     of its locks waits Config.SwitchWait at most: past it (a long reader
+//     of the replica) the switch rolls back, lets the writers go on, catches
+//     up and tries again.
 //
 // Nothing the live consumer applied is lost: the final ends are read while no
 // writer of the projection can commit, so every event it committed lies below
@@ -47,6 +50,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
@@ -272,7 +277,47 @@ func (r *Rebuilder) build(ctx context.Context, client *bounded.Client, b boost.B
 	}); err != nil {
 		return err
 	}
-	return r.phase(ctx, cur, log, PhaseSwitch, func() error { return r.switchOver(ctx, client, b, cur, log, ends) })
+	return r.phase(ctx, cur, log, PhaseSwitch, func() error {
+		for {
+			err := r.switchOver(ctx, client, b, cur, log, ends)
+			if !lockTimedOut(err) {
+				return err
+			}
+			log.Warn("the switch gave way: a lock it needs was held longer than the switch wait; the projection's writers go on, and the switch tries again",
+				"switchWaitMs", r.cfg.SwitchWait.Milliseconds(), "holders", r.replicaHolders(ctx), "error", err)
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(r.cfg.SwitchWait):
+			}
+			if ends, err = r.catchUp(ctx, client, b, cur, log, ends); err != nil {
+				return err
+			}
+		}
+	})
+}
+
+// lockTimedOut reports whether err is PostgreSQL's lock_timeout (55P03).
+func lockTimedOut(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code == pqerror.LockNotAvailable
+}
+
+// replicaHolders describes the other sessions that hold a lock on the live
+// replica, for the log of a switch that gave way to them. Best effort: an
+// error is described instead.
+func (r *Rebuilder) replicaHolders(ctx context.Context) []string {
+	var out []string
+	err := r.cfg.DB.SelectContext(ctx, &out, `SELECT format('pid %s (%s), in a transaction for %s: %s', a.pid,
+			coalesce(nullif(a.application_name, ''), 'no application name'), date_trunc('second', now() - a.xact_start), left(a.query, 120))
+		FROM pg_stat_activity a
+		WHERE a.pid <> pg_backend_pid() AND a.pid IN (
+			SELECT l.pid FROM pg_locks l WHERE l.granted AND l.relation = 'catalog.promotion_contributions'::regclass)
+		ORDER BY a.xact_start`)
+	if err != nil {
+		return []string{"not known: " + err.Error()}
+	}
+	return out
 }
 
 // phase runs one phase and logs its end with its duration.
@@ -347,6 +392,11 @@ func (r *Rebuilder) catchUp(ctx context.Context, client *bounded.Client, b boost
 // switchOver is the switch's one transaction (see the package comment).
 func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger, ends map[int32]int64) error {
 	return r.inTx(ctx, "switch", func(ctx context.Context, tx *sqlx.Tx) error {
+		// Every lock of the switch waits SwitchWait at most: past it the
+		// switch rolls back and the writers it held back go on.
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, r.cfg.SwitchWait.Milliseconds())); err != nil {
+			return fmt.Errorf("set the switch's lock timeout: %w", err)
+		}
 		if err := boost.LockProjectionTx(ctx, tx); err != nil {
 			return err
 		}
