@@ -277,24 +277,30 @@ func (r *Rebuilder) build(ctx context.Context, client *bounded.Client, b boost.B
 	}); err != nil {
 		return err
 	}
-	return r.phase(ctx, cur, log, PhaseSwitch, func() error {
-		for {
-			err := r.switchOver(ctx, client, b, cur, log, ends)
-			if !lockTimedOut(err) {
-				return err
-			}
-			log.Warn("the switch gave way: a lock it needs was held longer than the switch wait; the projection's writers go on, and the switch tries again",
-				"switchWaitMs", r.cfg.SwitchWait.Milliseconds(), "holders", r.replicaHolders(ctx), "error", err)
-			select {
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			case <-time.After(r.cfg.SwitchWait):
-			}
-			if ends, err = r.catchUp(ctx, client, b, cur, log, ends); err != nil {
-				return err
-			}
+	return r.phase(ctx, cur, log, PhaseSwitch, func() error { return r.switchGivingWay(ctx, client, b, cur, log, ends) })
+}
+
+// switchGivingWay runs the switch until it commits or fails for another
+// reason than a lock it waited Config.SwitchWait for: then it lets the
+// writers go on for as long, catches up and tries again.
+func (r *Rebuilder) switchGivingWay(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger,
+	ends map[int32]int64) error {
+	for {
+		err := r.switchOver(ctx, client, b, cur, log, ends)
+		if !lockTimedOut(err) {
+			return err
 		}
-	})
+		log.Warn("the switch gave way: a lock it needs was held longer than the switch wait; the projection's writers go on, and the switch tries again",
+			"switchWaitMs", r.cfg.SwitchWait.Milliseconds(), "holders", r.replicaHolders(ctx), "error", err)
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(r.cfg.SwitchWait):
+		}
+		if ends, err = r.catchUp(ctx, client, b, cur, log, ends); err != nil {
+			return err
+		}
+	}
 }
 
 // lockTimedOut reports whether err is PostgreSQL's lock_timeout (55P03).
