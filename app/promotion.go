@@ -12,6 +12,7 @@ import (
 	"github.com/promoflow/promoflow/app/api"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/kafkakit"
@@ -43,6 +44,8 @@ func (c *promotionConfig) register(s *settings) {
 	s.int(&c.Relay.OutboxBatchSize, "outbox-batch-size", "OUTBOX_BATCH_SIZE", router.OutboxBatchSizeDefault, "outbox rows the relay reads per query (a row holds one transaction's events)")
 	s.dur(&c.Relay.RelayPublishTimeout, "relay-publish-timeout", "RELAY_PUBLISH_TIMEOUT", kafkakit.PublishTimeoutDefault,
 		"most time one publish of the relay waits for Kafka; then the relay cuts that producer off and lets another process take the outbox position")
+	s.dur(&c.Relay.RelayPosition.Lease, "relay-position-lease", "RELAY_POSITION_LEASE", outbox.PositionLeaseDefault,
+		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads")
 	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }

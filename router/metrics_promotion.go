@@ -26,8 +26,14 @@ type PromotionMetrics struct {
 	// the outbox position because its last publish failed (outbox.StepBack).
 	OutboxSteppedBack prometheus.Gauge
 	OutboxStepBacks   prometheus.Counter
-	OutboxCleaned     prometheus.Counter
-	KeysCleaned       prometheus.Counter
+	// OutboxHeldBack is how long the oldest outbox writer in progress has
+	// held the relay's horizon (0: none holds it).
+	OutboxHeldBack prometheus.Gauge
+	// OutboxPositionLost counts the pages this process's relay gave up
+	// because the session that held its outbox position was lost.
+	OutboxPositionLost prometheus.Counter
+	OutboxCleaned      prometheus.Counter
+	KeysCleaned        prometheus.Counter
 }
 
 // NewPromotionMetrics registers the series on reg.
@@ -55,6 +61,10 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			"1 while this process's relay stands back from the outbox position because it cannot publish to Kafka."),
 		OutboxStepBacks: r.counter("promotion_outbox_relay_step_backs_total",
 			"Times this process's relay stepped back from the outbox position after a failed publish."),
+		OutboxHeldBack: r.gauge("promotion_outbox_relay_held_back_seconds",
+			"How long the oldest outbox writer in progress has held the relay back (0: none does); only a transaction that writes the outbox can."),
+		OutboxPositionLost: r.counter("promotion_outbox_relay_position_lost_total",
+			"Pages this process's relay gave up unpublished because the database session holding its outbox position was lost."),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
 		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 	}

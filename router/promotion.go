@@ -49,6 +49,9 @@ type PromotionConfig struct {
 	// RelayStepBack paces the relay's step back after a failed publish; its
 	// Probe defaults to a metadata request to Kafka.
 	RelayStepBack outbox.StepBackConfig
+	// RelayPosition is the relay's guard of its outbox position: how long a
+	// good check of its session lets it write to Kafka (see addRelay).
+	RelayPosition outbox.PositionGuardConfig
 }
 
 // Defaults of PromotionConfig.
@@ -79,7 +82,7 @@ func (c PromotionConfig) Validate() error {
 	if c.OutboxBatchSize < 1 {
 		errs = append(errs, errors.New("outbox batch size must be >= 1"))
 	}
-	errs = append(errs, c.RelayStepBack.Validate())
+	errs = append(errs, c.RelayStepBack.Validate(), c.RelayPosition.Validate())
 	return errors.Join(errs...)
 }
 
@@ -91,6 +94,10 @@ func (c *PromotionConfig) setDefaults() {
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 	c.RelayPublishTimeout = cmp.Or(c.RelayPublishTimeout, kafkakit.PublishTimeoutDefault)
 }
+
+// heldBackLogAfter is how long an outbox writer may hold the relay back before
+// each janitor tick names it in the log: far beyond any writer of ours.
+const heldBackLogAfter = 10 * time.Second
 
 // relayAckMargin is how much longer than a publish the relay's subscriber
 // waits for a message's ack before it ends its transaction without one: the
@@ -148,6 +155,16 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 			return nil
 		}
 		m.ObserveOutbox(stats, cleaned)
+		w, held, err := outbox.OldestWriter(msg.Context(), db)
+		if err != nil {
+			log.Warn("outbox writers failed", "error", err.Error())
+			return nil
+		}
+		m.OutboxHeldBack.Set(w.Age.Seconds())
+		if held && w.Age >= heldBackLogAfter {
+			log.Warn("an outbox writer holds the relay back: no later promotion event reaches Kafka until it ends",
+				"pid", w.PID, "application", w.Application, "state", w.State, "transactionAge", w.Age.Round(time.Millisecond).String())
+		}
 		return nil
 	})
 	keyTicks := newTickSource(keyJanitorTickTopic, cfg.KeyJanitorInterval, wlog)
@@ -182,12 +199,21 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // RelayPublishTimeout + relayAckMargin after the page's message was handed
 // over, and another process takes the position, until this one reaches Kafka
 // again.
+//
+// A relay whose position session ends under it (the lock is then free for
+// another process at once) stops publishing within its lease
+// (outbox.PositionGuard): each publish may write to Kafka only until
+// RelayPosition.Lease after the last good check of the session, and a
+// process that takes the position from a holder that did not commit waits
+// longer than that before it reads.
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	stepCfg := cfg.RelayStepBack
 	if stepCfg.Probe == nil {
 		stepCfg.Probe = cfg.Kafka.Ping
 	}
 	stepCfg.PublishTimeout = cfg.RelayPublishTimeout
+	// A publish refused for the lease lost its position, not Kafka.
+	stepCfg.Excuse = func(err error) bool { return errors.Is(err, kafkakit.ErrLeaseExpired) }
 	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
 		if back {
 			m.OutboxSteppedBack.Set(1)
@@ -203,10 +229,20 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		return err
 	}
 	p.closers = append(p.closers, func() error { stepBack.Close(); return nil })
+	posCfg := cfg.RelayPosition
+	posCfg.OnLost = func(err error) {
+		m.OutboxPositionLost.Inc()
+		log.Warn("relay lost its outbox position session: it publishes nothing more of the page and reads again",
+			"error", err.Error())
+	}
+	guard, err := outbox.NewPositionGuard(posCfg)
+	if err != nil {
+		return err
+	}
 	ackDeadline := cfg.RelayPublishTimeout + relayAckMargin
 	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
-		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back),
+		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait()),
 		OffsetsAdapter: outbox.Offsets(),
 		PollInterval:   cfg.OutboxPollInterval,
 		AckDeadline:    &ackDeadline,
@@ -217,7 +253,8 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	pub := cfg.RelayPublisher
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
-			Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey), Timeout: cfg.RelayPublishTimeout})
+			Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey), Timeout: cfg.RelayPublishTimeout,
+			Lease: guard.ValidUntil})
 		if err != nil {
 			return err
 		}
@@ -254,7 +291,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
-		Middlewares:    []message.HandlerMiddleware{observeRelay, stepBack.Middleware},
+		Middlewares:    []message.HandlerMiddleware{guard.Middleware, observeRelay, stepBack.Middleware},
 	})
 	if err != nil {
 		return fmt.Errorf("outbox forwarder: %w", err)

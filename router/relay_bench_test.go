@@ -20,6 +20,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
+	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
@@ -109,10 +110,11 @@ func relay(b *testing.B, n, perTx, processes int) relayRun {
 	for i := range procs {
 		procs[i] = promotionBundle{db: pgtest.Open(b, url), topic: topic}
 	}
-	// The relay reads no row of a transaction that began after the oldest one
-	// still open (pg_snapshot_xmin). Holding gate open while the rows are
+	// The relay reads no row of a transaction that began after the oldest
+	// outbox writer still open. Holding gate, one, open while the rows are
 	// written and the routers start makes them all visible at once at its commit.
-	gate := procs[0].db.MustBegin()
+	gate, err := outbox.BeginTx(b.Context(), procs[0].db, nil)
+	require.NoError(b, err)
 	gate.MustExec(`SELECT pg_current_xact_id()`)
 	msgs := benchMessages(b, n)
 	var txs [][]*message.Message

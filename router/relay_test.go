@@ -147,8 +147,9 @@ func TestRelay_RowsWrittenBeforeBatchesAreRelayed(t *testing.T) {
 	// A row in the layout of releases before batches: one event, its envelope
 	// straight in the row.
 	legacy := purchaseEvents(t, 1, "relay-legacy")[0]
-	tx := b.db.MustBegin()
-	pub, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: outbox.Schema(0)}, nil)
+	tx, err := outbox.BeginTx(t.Context(), b.db, nil)
+	require.NoError(t, err)
+	pub, err := wmsql.NewPublisher(tx.Tx, wmsql.PublisherConfig{SchemaAdapter: outbox.Schema(0)}, nil)
 	require.NoError(t, err)
 	require.NoError(t, forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: outbox.ForwarderTopic}).Publish(b.topic, legacy))
 	require.NoError(t, tx.Commit())
@@ -182,9 +183,10 @@ func TestRelay_SmallTransactionsShareOneKafkaRequest(t *testing.T) {
 	for range 5 {
 		txs = append(txs, purchaseEvents(t, 1, "relay-small"))
 	}
-	// The relay reads no row of a transaction younger than the oldest one
-	// open (pg_snapshot_xmin); gate keeps them all hidden until it commits.
-	gate := b.db.MustBegin()
+	// The relay reads no row of a transaction younger than the oldest
+	// outbox writer open; gate, one, keeps them all hidden until it commits.
+	gate, err := outbox.BeginTx(t.Context(), b.db, nil)
+	require.NoError(t, err)
 	gate.MustExec(`SELECT pg_current_xact_id()`)
 	writeOutbox(t, b, txs...)
 	kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "relay-test",
@@ -197,9 +199,7 @@ func TestRelay_SmallTransactionsShareOneKafkaRequest(t *testing.T) {
 
 	want, got := relayed(t, b.topic, txs)
 	require.Equal(t, want, got, "every event once, in commit order")
-	// Each request holds whole rows; the large row goes alone. Another test's
-	// open transaction can hide the youngest rows from one read, which then
-	// splits a run of small rows, but never into one request per row.
+	// Each request holds whole rows; the large row goes alone.
 	calls := recorder.Calls()
 	require.Less(t, len(calls), len(txs), "small rows share requests")
 	row := 0
@@ -286,21 +286,21 @@ func purchaseEvents(t testing.TB, n int, correlationID string) []*message.Messag
 func writeOutbox(t testing.TB, b promotionBundle, txs ...[]*message.Message) {
 	t.Helper()
 	for _, msgs := range txs {
-		tx := b.db.MustBegin()
+		tx, err := outbox.BeginTx(t.Context(), b.db, nil)
+		require.NoError(t, err)
 		require.NoError(t, outbox.PublishTx(tx, b.topic, msgs...))
 		require.NoError(t, tx.Commit())
 	}
 }
 
 // waitVisible waits until the relay can read all the outbox rows in one
-// query: it reads only transactions below the snapshot's xmin, and another
-// test's transaction that began before the last of them hides it until it
-// ends. Once visible, a row stays visible.
+// query: it reads only transactions below its horizon. Once visible, a row
+// stays visible.
 func waitVisible(t *testing.T, b promotionBundle, rows int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var n int
-		err := b.db.Get(&n, `SELECT count(*) FROM `+outbox.MessagesTable+` WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())`)
+		err := b.db.Get(&n, `SELECT count(*) FROM `+outbox.MessagesTable+` WHERE transaction_id < promotion.outbox_relay_horizon(pg_current_snapshot())`)
 		return err == nil && n == rows
 	}, time.Minute, 10*time.Millisecond, "the relay cannot see all %d outbox rows", rows)
 }

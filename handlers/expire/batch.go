@@ -28,13 +28,13 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), e.cfg.BatchTimeout)
 	defer cancel()
 
-	tx, err := e.db.BeginTxx(ctx, nil)
+	tx, err := outbox.BeginTx(ctx, e.db, nil)
 	if err != nil {
 		return batchResult{}, fmt.Errorf("begin batch: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
 
-	rows, err := purchase.SelectDueTx(ctx, tx, res.AsOf, e.cfg.BatchSize, keys(poison))
+	rows, err := purchase.SelectDueTx(ctx, tx.Tx, res.AsOf, e.cfg.BatchSize, keys(poison))
 	if err != nil {
 		return batchResult{}, err
 	}
@@ -63,7 +63,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		return b, tx.Commit()
 	}
 
-	expired, failed, err := expireIsolated(ctx, tx, due)
+	expired, failed, err := expireIsolated(ctx, tx.Tx, due)
 	if err != nil {
 		return batchResult{}, err
 	}

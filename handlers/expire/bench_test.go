@@ -82,6 +82,8 @@ func rawExpire(b *testing.B, db *sqlx.DB, batch int) int {
 		asOf := time.Now().UTC()
 		tx, err := db.Beginx()
 		require.NoError(b, err)
+		_, err = tx.Exec(`SELECT promotion.outbox_writer_lock()`)
+		require.NoError(b, err)
 		var rows []purchase.Row
 		require.NoError(b, tx.Select(&rows, `UPDATE promotion.promotion_purchases p
 			SET status = 'Expired', updated_at = $1, version = p.version + 1

@@ -28,7 +28,8 @@ func TestPublishTx_OneRowPerTransactionThatUnpacksToItsEventsInOrder(t *testing.
 		msgs[i] = message.NewMessage(kafkatest.RandomSuffix(), []byte(`{"n":1}`))
 		msgs[i].Metadata.Set("aggregate_id", kafkatest.RandomSuffix())
 	}
-	tx := db.MustBegin()
+	tx, err := outbox.BeginTx(t.Context(), db, nil)
+	require.NoError(t, err)
 	require.NoError(t, outbox.PublishTx(tx, "dest", msgs...))
 	require.NoError(t, tx.Commit())
 

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -47,4 +49,34 @@ func ReadStats(ctx context.Context, db *sqlx.DB) (Stats, error) {
 		return Stats{}, fmt.Errorf("read outbox stats: %w", err)
 	}
 	return Stats{Backlog: row.Backlog, Lag: time.Duration(row.LagSecs * float64(time.Second))}, nil
+}
+
+// Writer is an outbox writer transaction in progress (BeginTx): while it
+// runs, the relay reads no row of a later transaction.
+type Writer struct {
+	PID         int           `db:"pid"`
+	Application string        `db:"application_name"`
+	State       string        `db:"state"`
+	Age         time.Duration `db:"-"`
+}
+
+// OldestWriter is the outbox writer that has held the relay back longest
+// (the oldest that has a transaction id), if any does. It names the
+// session, never its statement: that may carry other teams' data.
+func OldestWriter(ctx context.Context, db *sqlx.DB) (Writer, bool, error) {
+	var row struct {
+		Writer
+		AgeSecs float64 `db:"age_seconds"`
+	}
+	err := db.GetContext(ctx, &row, `SELECT pid, coalesce(application_name, '') AS application_name,
+		coalesce(state, '') AS state, EXTRACT(EPOCH FROM clock_timestamp() - xact_start)::float8 AS age_seconds
+		FROM promotion.outbox_writers WHERE backend_xid IS NOT NULL ORDER BY xact_start LIMIT 1`)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Writer{}, false, nil
+	}
+	if err != nil {
+		return Writer{}, false, fmt.Errorf("read outbox writers: %w", err)
+	}
+	row.Writer.Age = time.Duration(row.AgeSecs * float64(time.Second))
+	return row.Writer, true, nil
 }

@@ -3,12 +3,15 @@
 package outbox
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 )
 
 // ForwarderTopic is the watermill-sql topic that holds enveloped events.
@@ -38,10 +41,31 @@ func Offsets() wmsql.DefaultPostgreSQLOffsetsAdapter {
 	}
 }
 
+// Tx is a transaction that may write the outbox: one that BeginTx began.
+type Tx struct{ *sqlx.Tx }
+
+// BeginTx begins a transaction that may write the outbox. Its first statement
+// takes the outbox writer lock (promotion.outbox_writer_lock, shared), before
+// the transaction has an id: the relay's horizon waits only for the holders of
+// that lock (RelaySchema), so a transaction that wrote the outbox without it
+// could be passed over while it runs and its rows never relayed. The database
+// refuses an outbox row from any other transaction.
+func BeginTx(ctx context.Context, db *sqlx.DB, opts *sql.TxOptions) (*Tx, error) {
+	tx, err := db.BeginTxx(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT promotion.outbox_writer_lock()`); err != nil {
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("take the outbox writer lock: %w", err)
+	}
+	return &Tx{tx}, nil
+}
+
 // PublishTx enqueues msgs for destTopic in tx, in order, as one outbox row
 // (MaxEventsPerRow at most per row). They reach Kafka only if tx commits.
-func PublishTx(tx wmsql.ContextExecutor, destTopic string, msgs ...*message.Message) error {
-	pub, err := wmsql.NewPublisher(tx, wmsql.PublisherConfig{SchemaAdapter: Schema(0)}, nil)
+func PublishTx(tx *Tx, destTopic string, msgs ...*message.Message) error {
+	pub, err := wmsql.NewPublisher(tx.Tx, wmsql.PublisherConfig{SchemaAdapter: Schema(0)}, nil)
 	if err != nil {
 		return fmt.Errorf("outbox publisher: %w", err)
 	}

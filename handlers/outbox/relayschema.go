@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -31,39 +32,50 @@ const (
 // purchase API's) are relayed nearly as fast as the expirer's batches. The
 // page is still acked once, after its last message.
 //
+// It reads below the relay's horizon (promotion.outbox_relay_horizon): only
+// a running outbox writer (BeginTx) holds the relay back, not every
+// transaction of the server as watermill-sql's snapshot xmin does.
+//
+// A poll that takes the position from a holder whose transaction did not
+// commit waits takeoverWait before it reads (promotion.outbox_relay_position),
+// so that whatever that holder may still send within its lease
+// (PositionGuard) reaches Kafka first.
+//
 // While back says the relay stands back (StepBack.Back; nil: never), it
 // selects nothing, so a poll takes no lock on the position.
-func RelaySchema(pageRows int, back func() bool) wmsql.SchemaAdapter {
-	return relaySchema{Schema(max(pageRows, 1)), back}
+func RelaySchema(pageRows int, back func() bool, takeoverWait time.Duration) wmsql.SchemaAdapter {
+	return relaySchema{Schema(max(pageRows, 1)), back, takeoverWait}
 }
 
 type relaySchema struct {
 	wmsql.DefaultPostgreSQLSchema
-	back func() bool
+	back         func() bool
+	takeoverWait time.Duration
 }
 
 // standingBackSQL reads no row and locks nothing.
 const standingBackSQL = `SELECT NULL WHERE false`
 
 // SelectQuery reads the page as the default query does (the offsets row
-// locked FOR UPDATE, only transactions below the snapshot's xmin, in commit
-// order), but with the position as one row comparison, so that PostgreSQL
-// walks the primary key in order and stops after the page instead of reading
-// the whole backlog to sort it, and groups it with mergeSQL. While the
+// locked FOR UPDATE, in commit order), but below the relay's horizon instead
+// of the snapshot's xmin, with the position as one row comparison, so that
+// PostgreSQL walks the primary key in order and stops after the page instead
+// of reading the whole backlog to sort it, and groups it with mergeSQL. The
+// horizon is a subquery, so that it is computed once per read. While the
 // relay stands back it reads nothing (standingBackSQL).
-func (s relaySchema) SelectQuery(topic, consumerGroup string, offsets wmsql.OffsetsAdapter) wmsql.Query {
+func (s relaySchema) SelectQuery(topic, consumerGroup string, _ wmsql.OffsetsAdapter) wmsql.Query {
 	if s.back != nil && s.back() {
 		return wmsql.Query{Query: standingBackSQL}
 	}
-	next := offsets.NextOffsetQuery(topic, consumerGroup)
-	page := fmt.Sprintf(`WITH last_processed AS (%s)
+	page := fmt.Sprintf(`WITH last_processed AS (SELECT * FROM promotion.outbox_relay_position($1, $2))
 		SELECT "offset", transaction_id, uuid, payload, metadata FROM %s
 		WHERE (transaction_id, "offset") > ((SELECT last_processed_transaction_id FROM last_processed),
 				(SELECT offset_acked FROM last_processed))
-			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+			AND transaction_id < (SELECT promotion.outbox_relay_horizon(pg_current_snapshot()))
 		ORDER BY transaction_id, "offset" LIMIT %d`,
-		next.Query, s.MessagesTable(topic), s.SubscribeBatchSize)
-	return wmsql.Query{Query: fmt.Sprintf(mergeSQL, page, MaxEventsPerRelay, MergeRowsBelow), Args: next.Args}
+		s.MessagesTable(topic), s.SubscribeBatchSize)
+	return wmsql.Query{Query: fmt.Sprintf(mergeSQL, page, MaxEventsPerRelay, MergeRowsBelow),
+		Args: []any{consumerGroup, s.takeoverWait.Seconds()}}
 }
 
 // mergeSQL groups a page of outbox rows (%[1]s) in commit order:

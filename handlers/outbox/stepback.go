@@ -51,6 +51,10 @@ type StepBackConfig struct {
 	// Probe, when set, must succeed before the relay reads the outbox
 	// again; it is retried after each pause. Optional.
 	Probe func(context.Context) error
+	// Excuse, when set, names the failed publishes that are not the
+	// destination's fault, such as one refused for a lost position
+	// (PositionGuard): they do not make the relay step back. Optional.
+	Excuse func(error) bool
 	// OnChange is told when the relay steps back (with the publish's
 	// error and the pause) and when it comes back (nil, 0). Optional.
 	OnChange func(back bool, cause error, pause time.Duration)
@@ -127,7 +131,9 @@ type stepBackPublisher struct {
 func (p stepBackPublisher) Publish(topic string, msgs ...*message.Message) error {
 	err := p.Publisher.Publish(topic, msgs...)
 	if err != nil {
-		p.s.stepBack(err)
+		if p.s.cfg.Excuse == nil || !p.s.cfg.Excuse(err) {
+			p.s.stepBack(err)
+		}
 		return err
 	}
 	p.s.mu.Lock()

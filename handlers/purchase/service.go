@@ -96,7 +96,8 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 	}
 	p = NewActive(uuid.New(), tenant, d, now)
 
-	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err = s.inTx(ctx, func(otx *outbox.Tx) error {
+		tx := otx.Tx
 		if err := InsertTx(ctx, tx, p); err != nil {
 			return err
 		}
@@ -110,7 +111,7 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 				return errReplay
 			}
 		}
-		return s.publishTx(tx, p, correlationID, now)
+		return s.publishTx(otx, p, correlationID, now)
 	})
 	if errors.Is(err, errReplay) {
 		p, err = s.replay(ctx, tenant, idempotencyKey, hash)
@@ -165,7 +166,8 @@ func (s *Service) replay(ctx context.Context, tenant uuid.UUID, key string, hash
 // ErrTerminal with the Expired purchase) or skips the row.
 func (s *Service) Cancel(ctx context.Context, tenant, id uuid.UUID, correlationID string) (Purchase, error) {
 	var p Purchase
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(otx *outbox.Tx) error {
+		tx := otx.Tx
 		var err error
 		if p, err = LockTx(ctx, tx, tenant, id); err != nil {
 			return err
@@ -177,7 +179,7 @@ func (s *Service) Cancel(ctx context.Context, tenant, id uuid.UUID, correlationI
 		if err := SaveTransitionTx(ctx, tx, p); err != nil {
 			return err
 		}
-		return s.publishTx(tx, p, correlationID, now)
+		return s.publishTx(otx, p, correlationID, now)
 	})
 	return p, err
 }
@@ -192,7 +194,7 @@ func (s *Service) List(ctx context.Context, tenant uuid.UUID, status event.Statu
 	return List(ctx, s.db, tenant, status, limit)
 }
 
-func (s *Service) publishTx(tx *sqlx.Tx, p Purchase, correlationID string, at time.Time) error {
+func (s *Service) publishTx(tx *outbox.Tx, p Purchase, correlationID string, at time.Time) error {
 	msg, err := event.NewMessage(p.Event(), correlationID, at)
 	if err != nil {
 		return err
@@ -200,10 +202,11 @@ func (s *Service) publishTx(tx *sqlx.Tx, p Purchase, correlationID string, at ti
 	return outbox.PublishTx(tx, s.cfg.Topic, msg)
 }
 
-func (s *Service) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
-	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{})
+// inTx runs fn in a transaction that may write the outbox.
+func (s *Service) inTx(ctx context.Context, fn func(tx *outbox.Tx) error) error {
+	tx, err := outbox.BeginTx(ctx, s.db, nil)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return err
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()

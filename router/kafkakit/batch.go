@@ -43,6 +43,12 @@ type BatchPublisherConfig struct {
 	Marshaler kafka.Marshaler
 	// Timeout bounds one Publish. Defaults to PublishTimeoutDefault.
 	Timeout time.Duration
+	// Lease, when set, is the time until which a Publish may write to
+	// Kafka (outbox.PositionGuard.ValidUntil): none starts past it, and
+	// once it passes during one, its producer is cut off at once (no later
+	// write reaches a broker: fence.go) and the Publish fails with
+	// ErrLeaseExpired. Optional.
+	Lease func() time.Time
 }
 
 // PublishTimeoutDefault is a Publish's bound: past a broker's own wait for
@@ -52,6 +58,11 @@ const PublishTimeoutDefault = 10 * time.Second
 
 // ErrPublishTimeout is a Publish that Kafka did not answer within the timeout.
 var ErrPublishTimeout = errors.New("kafka did not answer within the publish timeout")
+
+// ErrLeaseExpired is a Publish whose lease (BatchPublisherConfig.Lease) ended
+// before it did: its producer was cut off, and nothing of it that was not on
+// the wire by then can reach Kafka.
+var ErrLeaseExpired = errors.New("the publisher's lease ended")
 
 func (c *BatchPublisherConfig) setDefaults() {
 	c.Timeout = cmp.Or(c.Timeout, PublishTimeoutDefault)
@@ -106,17 +117,23 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 		r.Metadata = msg.UUID
 		records[i] = r
 	}
+	if p.leaseEnded() {
+		return fmt.Errorf("produce %d messages: %w", len(msgs), ErrLeaseExpired)
+	}
 	conn := p.current()
 	done := make(chan error, 1)
-	go func() { done <- p.send(conn, records) }()
-	timer := time.NewTimer(p.cfg.Timeout)
-	defer timer.Stop()
-	var err error
-	select {
-	case err = <-done:
-	case <-timer.C:
+	conn.dialer.sending.Add(1)
+	go func() {
+		defer conn.dialer.sending.Add(-1)
+		done <- p.send(conn, records)
+	}()
+	err, refused := p.await(conn, done)
+	if refused != nil {
+		return fmt.Errorf("produce %d messages: %w", len(msgs), refused)
+	}
+	if conn.dialer.leaseRefused.Load() {
 		p.cutOff(conn)
-		return fmt.Errorf("produce %d messages: %w (%s)", len(msgs), ErrPublishTimeout, p.cfg.Timeout)
+		return fmt.Errorf("produce %d messages: %w", len(msgs), ErrLeaseExpired)
 	}
 	var perRecord sarama.ProducerErrors
 	if errors.As(err, &perRecord) {
@@ -134,6 +151,40 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// await waits for the send's outcome on done, and cuts conn off when the
+// timeout or the lease passes first (refused says which).
+func (p *BatchPublisher) await(conn *producerConn, done <-chan error) (err, refused error) {
+	deadline := time.Now().Add(p.cfg.Timeout)
+	for {
+		wait := time.Until(deadline)
+		if p.cfg.Lease != nil {
+			wait = min(wait, leaseCheckInterval)
+		}
+		select {
+		case err := <-done:
+			return err, nil
+		case <-time.After(wait):
+		}
+		switch {
+		case !time.Now().Before(deadline):
+			p.cutOff(conn)
+			return nil, fmt.Errorf("%w (%s)", ErrPublishTimeout, p.cfg.Timeout)
+		case p.leaseEnded():
+			p.cutOff(conn)
+			return nil, ErrLeaseExpired
+		}
+	}
+}
+
+// leaseCheckInterval is how often a Publish looks at its lease; a write past
+// the lease is refused whenever it comes (fencedConn.Write).
+const leaseCheckInterval = 10 * time.Millisecond
+
+// leaseEnded reports whether the lease, if any, has passed.
+func (p *BatchPublisher) leaseEnded() bool {
+	return p.cfg.Lease != nil && !time.Now().Before(p.cfg.Lease())
+}
+
 // current is the connection the next Publish uses.
 func (p *BatchPublisher) current() *producerConn {
 	p.mu.Lock()
@@ -141,7 +192,7 @@ func (p *BatchPublisher) current() *producerConn {
 	if p.conn == nil {
 		sc := p.cfg.Cluster.DurableProducerConfig(p.cfg.ClientID)
 		p.conn = &producerConn{brokers: p.cfg.Cluster.Brokers, config: sc,
-			dialer: newFencedDialer(sc.Net.DialTimeout, sc.Net.KeepAlive)}
+			dialer: newFencedDialer(sc.Net.DialTimeout, sc.Net.KeepAlive, p.cfg.Lease)}
 	}
 	return p.conn
 }

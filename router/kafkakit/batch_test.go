@@ -1,6 +1,7 @@
 package kafkakit_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,4 +37,43 @@ func TestBatchPublisher_PastItsTimeoutCutsTheProducerOffForGood(t *testing.T) {
 		return len(ms) > 0 && kafkatest.Header(ms[len(ms)-1], kafka.UUIDHeaderKey) == "next"
 	})
 	require.Len(t, got, 1, "the timed-out batch never reached the topic")
+}
+
+// TestBatchPublisher_PastItsLeaseCutsTheProducerOff: no Publish starts once
+// its lease has passed, and one under way when it passes fails with
+// ErrLeaseExpired at once, its producer cut off, so that what it was
+// sending never reaches the topic; once the lease is renewed, the next
+// Publish connects anew and is on the topic.
+func TestBatchPublisher_PastItsLeaseCutsTheProducerOff(t *testing.T) {
+	t.Parallel()
+	topic := kafkatest.Topic(t, 1)
+	var until atomic.Int64
+	renew := func(d time.Duration) { until.Store(time.Now().Add(d).UnixNano()) }
+	renew(time.Minute)
+	pub, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "lease-test",
+		Marshaler: kafka.DefaultMarshaler{}, Timeout: time.Minute, Lease: func() time.Time { return time.Unix(0, until.Load()) }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	require.NoError(t, pub.Publish(topic, message.NewMessage("first", []byte("first"))))
+
+	release := pub.HoldSends()
+	renew(300 * time.Millisecond)
+	start := time.Now()
+	err = pub.Publish(topic, message.NewMessage("late", []byte("late")))
+	require.ErrorIs(t, err, kafkakit.ErrLeaseExpired)
+	require.Less(t, time.Since(start), 5*time.Second, "the Publish ends when its lease does, not at its timeout")
+	require.Error(t, release(), "a producer cut off sends nothing")
+	require.ErrorIs(t, pub.Publish(topic, message.NewMessage("refused", []byte("refused"))), kafkakit.ErrLeaseExpired,
+		"no Publish starts past the lease")
+
+	renew(time.Minute)
+	require.NoError(t, pub.Publish(topic, message.NewMessage("next", []byte("next"))))
+	got := kafkatest.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		return len(ms) > 0 && kafkatest.Header(ms[len(ms)-1], kafka.UUIDHeaderKey) == "next"
+	})
+	var ids []string
+	for _, m := range got {
+		ids = append(ids, kafkatest.Header(m, kafka.UUIDHeaderKey))
+	}
+	require.Equal(t, []string{"first", "next"}, ids, "nothing of the Publish whose lease passed reached the topic")
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,16 +18,30 @@ var ErrFenced = errors.New("kafka producer cut off")
 // returns, no request of that producer, not even one a cut network would
 // deliver late, can reach a broker. (A request a broker had already
 // received is appended at once, before abort returns.)
+//
+// With a lease, a write while a Publish is under way (sending) and the lease
+// has passed is refused, and aborts the dialer: so a process that lost the
+// right to publish stops at its next write, however late its own goroutines
+// notice. Between Publishes the client's own requests (metadata) go freely.
 type fencedDialer struct {
 	dialer net.Dialer
+	lease  func() time.Time // nil: none
+
+	sending      atomic.Int32 // Publishes under way
+	leaseRefused atomic.Bool  // a write was refused past the lease
 
 	mu      sync.Mutex
 	conns   map[*fencedConn]bool
 	aborted bool
 }
 
-func newFencedDialer(timeout, keepAlive time.Duration) *fencedDialer {
-	return &fencedDialer{dialer: net.Dialer{Timeout: timeout, KeepAlive: keepAlive}, conns: map[*fencedConn]bool{}}
+func newFencedDialer(timeout, keepAlive time.Duration, lease func() time.Time) *fencedDialer {
+	return &fencedDialer{dialer: net.Dialer{Timeout: timeout, KeepAlive: keepAlive}, lease: lease, conns: map[*fencedConn]bool{}}
+}
+
+// pastLease reports whether a write now would go out past the lease.
+func (d *fencedDialer) pastLease() bool {
+	return d.lease != nil && d.sending.Load() > 0 && !time.Now().Before(d.lease())
 }
 
 // Dial is the proxy.Dialer that Sarama's Net.Proxy takes.
@@ -82,6 +97,16 @@ func reset(c net.Conn) {
 type fencedConn struct {
 	net.Conn
 	d *fencedDialer
+}
+
+// Write refuses to write past the dialer's lease, and cuts the producer off.
+func (c *fencedConn) Write(b []byte) (int, error) {
+	if c.d.pastLease() {
+		c.d.leaseRefused.Store(true)
+		c.d.abort()
+		return 0, ErrLeaseExpired
+	}
+	return c.Conn.Write(b)
 }
 
 func (c *fencedConn) Close() error {

@@ -85,7 +85,7 @@ const (
 	expirerBatchSQL = `FOR UPDATE SKIP LOCKED|SAVEPOINT expire_set|SET status = u\.status|INSERT INTO "?promotion\.outbox_messages`
 	// relaySQL: the relay's page read under the locked offsets row, or its
 	// ack (handlers/outbox/relayschema.go, watermill-sql's offsets adapter).
-	relaySQL = `pg_snapshot_xmin|INSERT INTO promotion\.outbox_offsets`
+	relaySQL = `outbox_relay_position|INSERT INTO promotion\.outbox_offsets`
 	// unitOfWorkSQL: the consumer's unit of work (middleware/groupcommit.go,
 	// handlers/boost): the dedup keys, the target locks, the contributions.
 	unitOfWorkSQL = `INSERT INTO catalog\.processed_messages|pg_advisory_xact_lock|INSERT INTO catalog\.promotion_contributions`

@@ -38,7 +38,13 @@ func RandomSuffix() string {
 // returns its URL.
 func DatabaseURL(t testing.TB) string {
 	t.Helper()
-	base := mustEnv(t, "DATABASE_URL")
+	return DatabaseURLOn(t, mustEnv(t, "DATABASE_URL"))
+}
+
+// DatabaseURLOn is DatabaseURL on the server of base, a database URL there
+// (say a Server's).
+func DatabaseURLOn(t testing.TB, base string) string {
+	t.Helper()
 	admin, err := open(base)
 	require.NoError(t, err)
 	t.Cleanup(func() { admin.Close() })

@@ -130,6 +130,17 @@ func deleteTopic(cluster kafkakit.Cluster, name string) {
 // returns true for what has arrived, or fails the test after timeout.
 func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*sarama.ConsumerMessage) bool) []*sarama.ConsumerMessage {
 	t.Helper()
+	got, ok := ReadTopicWithin(t, topic, timeout, done)
+	if !ok {
+		t.Fatalf("topic %s: condition not met within %s; %d records arrived", topic, timeout, len(got))
+	}
+	return got
+}
+
+// ReadTopicWithin is ReadTopic that returns what arrived and false after
+// timeout, for a test that says itself what is missing.
+func ReadTopicWithin(t testing.TB, topic string, timeout time.Duration, done func([]*sarama.ConsumerMessage) bool) ([]*sarama.ConsumerMessage, bool) {
+	t.Helper()
 	consumer, err := sarama.NewConsumer(Brokers(t), Cluster(t).ClientConfig("promoflow-test"))
 	require.NoError(t, err)
 	defer consumer.Close()
@@ -158,10 +169,10 @@ func ReadTopic(t testing.TB, topic string, timeout time.Duration, done func([]*s
 		case m := <-in:
 			got = append(got, m)
 		case <-deadline:
-			t.Fatalf("topic %s: condition not met within %s; %d records arrived", topic, timeout, len(got))
+			return got, false
 		}
 	}
-	return got
+	return got, true
 }
 
 // Header returns a record header's value.
