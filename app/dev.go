@@ -40,11 +40,16 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	c.DatabaseURL = p.DatabaseURL
 	c.DatabaseDirectURL = p.DatabaseDirectURL
+	// The banner shows a demo token dev makes up, never a token the operator
+	// set: it goes to terminals and logs. It names where that one comes from.
+	apiToken, adminToken := "<a token of PROMOTION_API_TOKENS>", "$CATALOG_ADMIN_TOKEN"
 	if p.APITokens == "" {
 		p.APITokens = devAPIToken + "=" + devTenant
+		apiToken = devAPIToken
 	}
 	if c.AdminToken == "" {
 		c.AdminToken = devAdminToken
+		adminToken = devAdminToken
 	}
 	if _, ok := os.LookupEnv("EXPIRE_INTERVAL"); !ok && !flagGiven(ps, "expire-interval") {
 		p.Expire.Interval = 5 * time.Second // a laptop demo: expiry shows within seconds
@@ -67,15 +72,16 @@ func runDev(ctx context.Context, args []string) error {
 	if err := errors.Join(p.validate(), c.commonConfig.validate(), c.Topics.validate()); err != nil {
 		return err
 	}
+	// Double quotes: pasted into a shell, "$CATALOG_ADMIN_TOKEN" is the operator's token.
 	fmt.Fprintf(os.Stderr, `promoflow dev
   purchase API  http://%s   (Authorization: Bearer %s)
   catalog       http://%s   (admin: Bearer %s)
   kafka         %s
-  try: curl -s -XPUT -H 'Authorization: Bearer %s' http://%s/cards/projects/11111111-1111-4111-8111-111111111111 -d '{"Title":"Demo"}'
-       curl -s -XPOST -H 'Authorization: Bearer %s' http://%s/promotions -d '{"PackageKind":"Top","BoostWeight":10,"EndsAt":"2030-01-01T00:00:00Z","Targets":[{"TargetKind":"Project","TargetId":"11111111-1111-4111-8111-111111111111"}]}'
+  try: curl -s -XPUT -H "Authorization: Bearer %s" http://%s/cards/projects/11111111-1111-4111-8111-111111111111 -d '{"Title":"Demo"}'
+       curl -s -XPOST -H "Authorization: Bearer %s" http://%s/promotions -d '{"PackageKind":"Top","BoostWeight":10,"EndsAt":"2030-01-01T00:00:00Z","Targets":[{"TargetKind":"Project","TargetId":"11111111-1111-4111-8111-111111111111"}]}'
        curl -s http://%s/cards/projects/11111111-1111-4111-8111-111111111111
-`, p.HTTPAddr, devAPIToken, c.HTTPAddr, c.AdminToken, p.Kafka.Brokers,
-		c.AdminToken, c.HTTPAddr, devAPIToken, p.HTTPAddr, c.HTTPAddr)
+`, p.HTTPAddr, apiToken, c.HTTPAddr, adminToken, p.Kafka.Brokers,
+		adminToken, c.HTTPAddr, apiToken, p.HTTPAddr, c.HTTPAddr)
 
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return startPromotion(ctx, p, newLogger(p.LogLevel, "promotion")) },

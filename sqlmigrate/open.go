@@ -2,9 +2,7 @@ package sqlmigrate
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
-	"net/url"
 
 	"github.com/lib/pq"
 )
@@ -22,19 +20,17 @@ import (
 // statement saves a round trip. The mode sends []byte parameters in binary:
 // a jsonb or uuid value goes as a string.
 //
-// An unparsable dsn is reported without the dsn itself, which may hold a password.
+// An unparsable dsn is reported without any part of it (dsnError): it may
+// hold a password, and the error reaches logs.
 func Open(dsn string) (*sql.DB, error) {
 	cfg, err := pq.NewConfig(dsn)
 	if err != nil {
-		if ue := (*url.Error)(nil); errors.As(err, &ue) {
-			return nil, fmt.Errorf("database URL: %w", ue.Err)
-		}
-		return nil, fmt.Errorf("database URL: %w", err)
+		return nil, fmt.Errorf("database URL: %w", dsnError(dsn))
 	}
 	cfg.BinaryParameters = true
 	connector, err := pq.NewConnectorConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
+		return nil, fmt.Errorf("database URL: %w", dsnError(dsn))
 	}
 	return sql.OpenDB(connector), nil
 }

@@ -58,3 +58,52 @@ func TestOpen_StatementsThroughATransactionPoolerRunAsSent(t *testing.T) {
 	require.Zero(t, failed.Load(), "statements that failed")
 	require.Zero(t, wrong.Load(), "statements that answered for another")
 }
+
+// TestOpen_AnUnparsableDSNIsReportedWithoutAnyOfIt: a DSN that lib/pq cannot
+// parse is reported by its form and what is wrong with it, never with any
+// of its text, which may hold a password (lib/pq said `missing "=" after
+// "h0rse-b4ttery"` of a password with a space, net/url `invalid port
+// ":Tr0u" after host` of one with a slash, `invalid URL escape "%zz"`).
+func TestOpen_AnUnparsableDSNIsReportedWithoutAnyOfIt(t *testing.T) {
+	t.Parallel()
+	const password = "Tr0ub4dor"
+	cut := func(sep string) string { return password[:4] + sep + password[4:] }
+	for _, c := range []struct {
+		dsn, want string
+		// fragments of the DSN that the error must not hold, besides any
+		// four characters of the password in a row
+		fragments []string
+	}{
+		{"host=db password=" + password + " h0rse-b4ttery dbname=promoflow",
+			`key=value connection string does not parse: setting 3 has no "=" after its name`, []string{"h0rse"}},
+		{"host=db password='" + password + " dbname=promoflow",
+			"key=value connection string does not parse: the value of setting 2 opens a quote that does not close", nil},
+		{"host=db password=" + password + `\`,
+			"key=value connection string does not parse: the value of setting 2 ends in a backslash", nil},
+		{"host=db password=" + password + " port=54x32",
+			"key=value connection string: lib/pq does not take the value of port", []string{"54x32"}},
+		{"postgres://promoflow:" + cut("/") + "@db:5432/promoflow",
+			"URL does not parse: its user name, password, host or port is malformed", nil},
+		{"postgres://promoflow:" + cut("#") + "@db/promoflow",
+			"URL does not parse: its user name, password, host or port is malformed", nil},
+		{"postgres://promoflow:" + cut("%zz") + "@db/promoflow",
+			"URL does not parse: a % that does not start a two-digit hex escape", []string{"%zz"}},
+		{"postgres://promoflow:" + password + "@db/promoflow?sslmode=verify_full",
+			"URL: lib/pq does not take the value of sslmode", []string{"verify_full"}},
+		{"postgres://promoflow:" + password + "@db/promoflow?sslnegotiation=direct&sslmode=prefer",
+			"URL: lib/pq does not take its settings together", []string{`"prefer"`}},
+	} {
+		_, err := sqlmigrate.Open(c.dsn)
+		require.Error(t, err, "for %q", c.dsn)
+		fragments := c.fragments
+		for i := 0; i+4 <= len(password); i++ {
+			fragments = append(fragments, password[i:i+4])
+		}
+		for _, f := range fragments {
+			require.NotContains(t, err.Error(), f, "the error for %q holds part of it", c.dsn)
+		}
+		require.ErrorContains(t, err, c.want, "for %q", c.dsn)
+	}
+	_, err := sqlmigrate.Open("postgres://promoflow:" + password + "@db/promoflow?sslmode=disable")
+	require.NoError(t, err, "a DSN that parses opens (without connecting)")
+}

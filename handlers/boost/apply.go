@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -143,7 +142,7 @@ func (b *batchInput) add(i int, ev event.PurchaseChanged, projects, objects []st
 	b.statuses = append(b.statuses, string(ev.Status))
 	b.versions = append(b.versions, ev.Version)
 	b.active = append(b.active, ev.Status == event.StatusActive)
-	b.endsAt = append(b.endsAt, ev.EndsAt.Format(time.RFC3339Nano))
+	b.endsAt = append(b.endsAt, timestamptz(ev.EndsAt))
 	pos := int64(len(b.index))
 	add := func(kind event.TargetKind, ids []string) {
 		for _, id := range ids {

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -127,7 +126,7 @@ func (l *Loader) Add(partition int32, offset int64, key, value []byte) error {
 	}
 	// Text values: lib/pq copies them as they are (a []byte would go as bytea).
 	if _, err := l.stmt.Exec(ev.PurchaseId.String(), ev.Version, string(ev.Status), ev.BoostWeight,
-		ev.EndsAt.Format(time.RFC3339Nano), kinds, ids, partition, offset); err != nil {
+		timestamptz(ev.EndsAt), kinds, ids, partition, offset); err != nil {
 		return fmt.Errorf("copy events: %w", err)
 	}
 	l.rows.Add(1)

@@ -16,9 +16,11 @@ import (
 )
 
 // The form purchase_changed.v1.schema.json allows for a time, written as
-// its pattern is.
+// its pattern is. Its year is 0001 at least and its UTC offset within
+// ±15:59 because the catalog stores the times in PostgreSQL, which has no
+// year 0 and refuses a wider offset ("time zone displacement out of range").
 var (
-	timeForm = regexp.MustCompile(`^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+	timeForm = regexp.MustCompile(`^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-5]):[0-5][0-9])$`)
 )
 
 // Parse decodes and validates a payload: it accepts exactly what
@@ -197,7 +199,7 @@ func (d *fields) time(name string) time.Time {
 		return time.Time{}
 	}
 	if !timeForm.Match(s) {
-		d.bad(name, fmt.Sprintf("%q is not an RFC 3339 date-time (upper-case T and Z, at most 9 fraction digits)", s))
+		d.bad(name, fmt.Sprintf("%q is not an RFC 3339 date-time (upper-case T and Z, at most 9 fraction digits, a year from 0001, a UTC offset within ±15:59)", s))
 		return time.Time{}
 	}
 	t, err := time.Parse(time.RFC3339Nano, string(s))
