@@ -72,6 +72,14 @@ func (k TargetKind) Valid() bool {
 	return k == TargetProject || k == TargetPropertyObject || k == TargetPost
 }
 
+// InContract reports whether t, written in UTC as the producer writes every
+// time, is a time of the contract: its year within 0001..9999 (the schema's
+// four digits, and no year 0, which PostgreSQL cannot store).
+func InContract(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 1 && y <= 9999
+}
+
 // Target is one promoted entity.
 type Target struct {
 	TargetKind TargetKind `json:"TargetKind"`

@@ -105,6 +105,14 @@ func (d Draft) Validate() error {
 	if d.BoostWeight < 1 || d.BoostWeight > 100 {
 		bad("BoostWeight", "must be within 1..100")
 	}
+	for _, f := range []struct {
+		name string
+		t    time.Time
+	}{{"StartsAt", d.StartsAt}, {"EndsAt", d.EndsAt}} {
+		if !f.t.IsZero() && !event.InContract(f.t) {
+			bad(f.name, "must be within 0001-01-01T00:00:00Z..9999-12-31T23:59:59Z in UTC")
+		}
+	}
 	if d.StartsAt.IsZero() {
 		bad("StartsAt", "is required")
 	}

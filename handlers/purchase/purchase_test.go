@@ -35,6 +35,37 @@ func TestDraft_ValidateNamesEveryBadField(t *testing.T) {
 	require.NoError(t, draft().Validate())
 }
 
+// TestDraft_TimesOutsideTheContractAreRefused: a time whose UTC form is
+// before year 1 or after 9999 would make an event that the contract refuses
+// (the consumer would dead-letter it) or that cannot be written at all.
+func TestDraft_TimesOutsideTheContractAreRefused(t *testing.T) {
+	early := time.FixedZone("+01:00", 3600)
+	late := time.FixedZone("-05:00", -5*3600)
+	for name, d := range map[string]purchase.Draft{
+		"StartsAt before year 1 in UTC": func() purchase.Draft {
+			d := draft()
+			d.StartsAt = time.Date(1, 1, 1, 0, 0, 0, 0, early)
+			return d
+		}(),
+		"EndsAt after 9999 in UTC": func() purchase.Draft {
+			d := draft()
+			d.EndsAt = time.Date(9999, 12, 31, 23, 0, 0, 0, late)
+			return d
+		}(),
+	} {
+		var ve *purchase.ValidationError
+		require.True(t, errors.As(d.Validate(), &ve), name)
+		field := "StartsAt"
+		if d.EndsAt.Year() == 9999 {
+			field = "EndsAt"
+		}
+		require.Equal(t, field, ve.Fields[0].Field, "%s: %v", name, ve.Fields)
+	}
+	d := draft()
+	d.StartsAt, d.EndsAt = time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+	require.NoError(t, d.Validate(), "the contract's first and last times")
+}
+
 func TestPurchase_NoPaymentModeIsActiveAtOnceAtVersionOne(t *testing.T) {
 	now := time.Date(2026, 11, 29, 10, 0, 0, 123456789, time.UTC)
 	p := purchase.NewActive(uuid.New(), uuid.New(), draft(), now)
