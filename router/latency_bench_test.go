@@ -12,6 +12,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
+	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // Load of BenchmarkExpiryLatency: expiries per second, and the time allowed
@@ -43,7 +45,22 @@ const (
 // before the window with EndsAt spread over it. With -short, or
 // PROMOFLOW_LATENCY_WINDOW=5s, the window is short enough for CI: it reports
 // the figures and asserts no timing.
+//
+// neighbour=another-database runs the same beside a transaction in another
+// database of the server that holds a transaction id from before the
+// purchases are created until every card is back to 0 (what a batch job or a
+// session left idle in a transaction does): it reports how long it held one.
 func BenchmarkExpiryLatency(b *testing.B) {
+	for _, neighbour := range []bool{false, true} {
+		name := "neighbour=none"
+		if neighbour {
+			name = "neighbour=another-database"
+		}
+		b.Run(name, func(b *testing.B) { benchmarkExpiryLatency(b, neighbour) })
+	}
+}
+
+func benchmarkExpiryLatency(b *testing.B, neighbour bool) {
 	window := 30 * time.Second
 	if testing.Short() {
 		window = 5 * time.Second
@@ -54,8 +71,22 @@ func BenchmarkExpiryLatency(b *testing.B) {
 		require.NoError(b, err, "PROMOFLOW_LATENCY_WINDOW")
 	}
 	var all latencyRun
+	var held time.Duration
 	for range b.N {
+		var other *sqlx.DB
+		var xid int64
+		since := time.Now()
+		if neighbour {
+			other = pgtest.Open(b, pgtest.DatabaseURL(b))
+			xid = holdXid(b, other, `CREATE TEMP TABLE t (i int); INSERT INTO t VALUES (1)`, "")
+		}
 		r := runExpiryLatency(b, window)
+		if neighbour {
+			var running int
+			require.NoError(b, other.Get(&running, `SELECT count(*) FROM pg_stat_activity WHERE backend_xid::text::bigint = $1`, xid%(1<<32)))
+			require.Equal(b, 1, running, "the neighbour held its transaction id all along")
+			held += time.Since(since)
+		}
 		all.toKafka = append(all.toKafka, r.toKafka...)
 		all.toCard = append(all.toCard, r.toCard...)
 		all.asOf = append(all.asOf, r.asOf...)
@@ -72,6 +103,9 @@ func BenchmarkExpiryLatency(b *testing.B) {
 		b.ReportMetric(ms(percentile(f.ds, 0.50)), f.name+"-p50-ms")
 		b.ReportMetric(ms(percentile(f.ds, 0.99)), f.name+"-p99-ms")
 		b.ReportMetric(ms(slices.Max(f.ds)), f.name+"-max-ms")
+	}
+	if neighbour {
+		b.ReportMetric(held.Seconds()/float64(b.N), "neighbour-held-s")
 	}
 	b.ReportMetric(float64(all.cycles)/float64(b.N), "cycles/run")
 	b.ReportMetric(all.cycleSecs*1000/float64(all.cycles), "ms/cycle")

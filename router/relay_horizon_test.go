@@ -91,7 +91,7 @@ func TestRelay_UnrelatedWriterDoesNotHoldEventsBack(t *testing.T) {
 // holdXid runs begin in a transaction of its own on db, so that it holds a
 // transaction id, then wait (if any) in the background, and returns the id.
 // The transaction ends when the test does.
-func holdXid(t *testing.T, db *sqlx.DB, begin, wait string) int64 {
+func holdXid(t testing.TB, db *sqlx.DB, begin, wait string) int64 {
 	t.Helper()
 	conn, err := db.Connx(context.WithoutCancel(t.Context()))
 	require.NoError(t, err)

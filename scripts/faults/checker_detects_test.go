@@ -336,6 +336,17 @@ func TestChecker_DetectsEachViolation(t *testing.T) {
 			c.records[0], c.records[1] = c.records[1], c.records[0]
 			return c.base.PurchaseId.String()
 		}, afterTerminal},
+		{"versions out of offset order", func(w *world) string {
+			// K: Active v2 lands before Active v1, then v2 again (the same
+			// event redelivered), so that its last record is still its row.
+			k := w.another("K", "D", true)
+			v1 := k.publish(event.StatusActive, 1)
+			k.base.BoostWeight = 8
+			v2 := k.publish(event.StatusActive, 2)
+			k.setRow(v2)
+			k.records = []craftedRecord{v2, v1, v2}
+			return k.base.PurchaseId.String()
+		}, outOfOrder},
 		{"one MessageId with other bytes", func(w *world) string {
 			d := w.purchases["D"]
 			again := d.records[0]

@@ -40,6 +40,7 @@ const (
 	firstNotActive    violationKind = "v1 is not Active"
 	terminalTwice     violationKind = "more than one terminal event"
 	afterTerminal     violationKind = "an event follows a terminal one"
+	outOfOrder        violationKind = "a key's versions do not appear in increasing offset order"
 	messageIDReused   violationKind = "one MessageId carries different events"
 	lastNotRow        violationKind = "the last record of the key differs from the row"
 	noRow             violationKind = "an event whose purchase has no row"
@@ -132,6 +133,8 @@ type parsed struct {
 //   - a purchase's versions are exactly 1..row.Version, each once as a
 //     distinct MessageId (a redelivery of one MessageId is one event), v1 is
 //     Active, at most one event is terminal and none follows it;
+//   - a key's versions first appear in increasing offset order (two relays
+//     publishing at once can land an older version after a newer one);
 //   - the last record of the purchase's key equals the row;
 //   - every id answered 201 has a row and an event.
 func (ev evidence) violations() []violation {
@@ -216,6 +219,12 @@ func checkPurchase(row purchaseRow, ps []parsed, lastOfKey map[string]parsed) []
 		}
 		first[p.id] = p
 		distinct = append(distinct, p)
+	}
+	for i := 1; i < len(distinct); i++ {
+		if prev, p := distinct[i-1], distinct[i]; p.ev.Version < prev.ev.Version {
+			bad(outOfOrder, "v%d at %s first appears after v%d at %s", p.ev.Version, p.rec.where(),
+				prev.ev.Version, prev.rec.where())
+		}
 	}
 	byVersion := map[int64][]parsed{}
 	terminal := 0

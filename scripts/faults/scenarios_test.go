@@ -49,6 +49,8 @@ var scenarios = []scenario{
 		pgVia: []string{"catalog-1"}},
 	{num: 18, name: "(h) 200ms on every Kafka connection", run: kafkaLatency, promotions: 2, catalogs: 2, full: true,
 		kafkaVia: []string{"*"}},
+	{num: 19, name: "(i) a foreign writer holds an xid for 2 minutes", run: foreignWriter, promotions: 2, catalogs: 1},
+	{num: 20, name: "(j) the relay holder's PostgreSQL session is killed mid-page", run: killRelaySession, promotions: 2, catalogs: 1},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
