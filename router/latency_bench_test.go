@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"os"
 	"slices"
@@ -17,8 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
@@ -38,9 +41,8 @@ const (
 // produce time) and EndsAt → the card's boost back to 0 (polled every 10ms
 // with the catalog's replica of the purchase).
 // It reports AsOf − EndsAt too (the expirer alone), the cycles run and their
-// mean duration (the cost of the wake-ups). One promotion router (outbox
-// polled every 20ms, as in the other router tests; production's default is
-// 100ms) and one catalog router on the real stack; 100 expiries/s for 30s,
+// mean duration (the cost of the wake-ups). One promotion router and one
+// catalog router with the shipped settings on the real stack; 100 expiries/s for 30s,
 // each purchase on a card of its own, all created (and their cards boosted)
 // before the window with EndsAt spread over it. With -short, or
 // PROMOFLOW_LATENCY_WINDOW=5s, the window is short enough for CI: it reports
@@ -146,7 +148,10 @@ func runExpiryLatency(b *testing.B, window time.Duration) latencyRun {
 		cards[i] = uuid.New()
 		c.ProjectCard(b, cards[i])
 	}
-	p.start(b, heartbeat)
+	// The shipped settings: a 60s interval (every expiry comes from the
+	// wake-up) and the outbox polled every 100ms.
+	p.startRouter(b, router.PromotionConfig{OutboxPollInterval: router.OutboxPollIntervalDefault},
+		expire.Config{Interval: heartbeat}, slog.New(slog.DiscardHandler))
 	c.Start(b)
 
 	// Purchase i ends at first + i/rate. Every purchase is created, and its
