@@ -4,7 +4,9 @@
 // short transaction. Readers see the live projection until the switch
 // commits, and the consumer keeps applying events to it meanwhile.
 //
-// The phases, in order:
+// The phases, in order, each in the file named for it (read.go, load.go,
+// compute.go, catchup.go, switch.go; rebuild.go runs them, progress.go writes
+// the progress and the outcome, lease.go holds one rebuild at a time):
 //
 //   - read: record every partition's end offset, and copy the records up to
 //     those ends into a staging table (boost.EventTable, by COPY), each
@@ -47,15 +49,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
-	"github.com/lib/pq/pqerror"
 
 	"github.com/promoflow/promoflow/handlers/boost"
-	"github.com/promoflow/promoflow/handlers/event"
-	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/bounded"
 )
 
@@ -253,22 +250,10 @@ func (r *Rebuilder) build(ctx context.Context, client *bounded.Client, b boost.B
 	if err != nil {
 		return err
 	}
-	if err := r.phase(ctx, cur, log, PhaseLoad, func() error {
-		return r.inTx(ctx, "load new replica", func(ctx context.Context, tx *sqlx.Tx) error {
-			built, err := b.LoadTx(ctx, tx)
-			cur.purchases.Store(built.Purchases)
-			cur.contributions.Store(built.Contributions)
-			return errors.Join(err, r.at(ctx, pointLoad))
-		})
-	}); err != nil {
+	if err := r.phase(ctx, cur, log, PhaseLoad, func() error { return r.load(ctx, b, cur) }); err != nil {
 		return err
 	}
-	if err := r.phase(ctx, cur, log, PhaseCompute, func() error {
-		return r.inTx(ctx, "compute sums", func(ctx context.Context, tx *sqlx.Tx) error {
-			_, err := b.ComputeTx(ctx, tx)
-			return errors.Join(err, r.at(ctx, pointCompute))
-		})
-	}); err != nil {
+	if err := r.phase(ctx, cur, log, PhaseCompute, func() error { return r.compute(ctx, b) }); err != nil {
 		return err
 	}
 	if err := r.phase(ctx, cur, log, PhaseCatchUp, func() error {
@@ -278,52 +263,6 @@ func (r *Rebuilder) build(ctx context.Context, client *bounded.Client, b boost.B
 		return err
 	}
 	return r.phase(ctx, cur, log, PhaseSwitch, func() error { return r.switchGivingWay(ctx, client, b, cur, log, ends) })
-}
-
-// switchGivingWay runs the switch until it commits or fails for another
-// reason than a lock it waited Config.SwitchWait for: then it lets the
-// writers go on for as long, catches up and tries again.
-func (r *Rebuilder) switchGivingWay(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger,
-	ends map[int32]int64) error {
-	for {
-		err := r.switchOver(ctx, client, b, cur, log, ends)
-		if !lockTimedOut(err) {
-			return err
-		}
-		log.Warn("the switch gave way: a lock it needs was held longer than the switch wait; the projection's writers go on, and the switch tries again",
-			"switchWaitMs", r.cfg.SwitchWait.Milliseconds(), "holders", r.replicaHolders(ctx), "error", err)
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(r.cfg.SwitchWait):
-		}
-		if ends, err = r.catchUp(ctx, client, b, cur, log, ends); err != nil {
-			return err
-		}
-	}
-}
-
-// lockTimedOut reports whether err is PostgreSQL's lock_timeout (55P03).
-func lockTimedOut(err error) bool {
-	var pqErr *pq.Error
-	return errors.As(err, &pqErr) && pqErr.Code == pqerror.LockNotAvailable
-}
-
-// replicaHolders describes the other sessions that hold a lock on the live
-// replica, for the log of a switch that gave way to them. Best effort: an
-// error is described instead.
-func (r *Rebuilder) replicaHolders(ctx context.Context) []string {
-	var out []string
-	err := r.cfg.DB.SelectContext(ctx, &out, `SELECT format('pid %s (%s), in a transaction for %s: %s', a.pid,
-			coalesce(nullif(a.application_name, ''), 'no application name'), date_trunc('second', now() - a.xact_start), left(a.query, 120))
-		FROM pg_stat_activity a
-		WHERE a.pid <> pg_backend_pid() AND a.pid IN (
-			SELECT l.pid FROM pg_locks l WHERE l.granted AND l.relation = 'catalog.promotion_contributions'::regclass)
-		ORDER BY a.xact_start`)
-	if err != nil {
-		return []string{"not known: " + err.Error()}
-	}
-	return out
 }
 
 // phase runs one phase and logs its end with its duration.
@@ -341,163 +280,6 @@ func (r *Rebuilder) phase(ctx context.Context, cur *run, log *slog.Logger, p Pha
 		"skipped", st.Skipped, "purchases", st.Purchases, "contributions", st.Contributions, "catchUps", st.CatchUps,
 		"cardsChanged", st.CardsChanged)
 	return nil
-}
-
-// read records the ends and copies the records up to them; it returns the
-// ends.
-func (r *Rebuilder) read(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger) (ends map[int32]int64, err error) {
-	err = r.phase(ctx, cur, log, PhaseRead, func() error {
-		if err := r.at(ctx, pointBeforeEnds); err != nil {
-			return err
-		}
-		var ranges []bounded.Range
-		if ends, ranges, err = r.since(client, nil); err != nil {
-			return err
-		}
-		cur.progress.Plan(ranges)
-		if err := r.at(ctx, pointEnds); err != nil {
-			return err
-		}
-		return r.inTx(ctx, "copy records", func(ctx context.Context, tx *sqlx.Tx) error {
-			return r.copyTx(ctx, tx, client, b.Events, ranges, cur, log, pointRead)
-		})
-	})
-	return ends, err
-}
-
-// catchUp folds the records past ends into the build, round after round,
-// until at most SwitchRecords arrived past the last round's ends or CatchUps
-// rounds ran; it returns the last round's ends. The first round always runs.
-func (r *Rebuilder) catchUp(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger, ends map[int32]int64) (map[int32]int64, error) {
-	for round := 1; ; round++ {
-		next, ranges, err := r.since(client, ends)
-		if err != nil {
-			return nil, err
-		}
-		if round > 1 && (records(ranges) <= int64(r.cfg.SwitchRecords) || round > r.cfg.CatchUps) {
-			return ends, nil
-		}
-		cur.progress.Extend(ranges)
-		if err := r.inTx(ctx, "fold catch-up", func(ctx context.Context, tx *sqlx.Tx) error {
-			if err := r.copyTx(ctx, tx, client, b.Tail, ranges, cur, log, ""); err != nil {
-				return err
-			}
-			if err := r.at(ctx, pointCatchUp); err != nil {
-				return err
-			}
-			_, err := b.FoldTx(ctx, tx)
-			return err
-		}); err != nil {
-			return nil, err
-		}
-		cur.catchUps.Add(1)
-		ends = next
-	}
-}
-
-// switchOver is the switch's one transaction (see the package comment).
-func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger, ends map[int32]int64) error {
-	return r.inTx(ctx, "switch", func(ctx context.Context, tx *sqlx.Tx) error {
-		// Every lock of the switch waits SwitchWait at most: past it the
-		// switch rolls back and the writers it held back go on.
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, r.cfg.SwitchWait.Milliseconds())); err != nil {
-			return fmt.Errorf("set the switch's lock timeout: %w", err)
-		}
-		if err := boost.LockProjectionTx(ctx, tx); err != nil {
-			return err
-		}
-		if err := r.at(ctx, pointSwitchLocked); err != nil {
-			return err
-		}
-		// Read now, while no writer of the projection can commit: every
-		// event the consumer committed lies below these ends.
-		_, ranges, err := r.since(client, ends)
-		if err != nil {
-			return err
-		}
-		cur.progress.Extend(ranges)
-		if err := r.copyTx(ctx, tx, client, b.Tail, ranges, cur, log, ""); err != nil {
-			return err
-		}
-		if _, err := b.FoldTx(ctx, tx); err != nil {
-			return err
-		}
-		cards, err := b.SwitchTx(ctx, tx)
-		if err != nil {
-			return err
-		}
-		cur.cardsChanged.Store(int64(cards))
-		if err := r.at(ctx, pointSwitch); err != nil {
-			return err
-		}
-		// Last, so that a rebuild whose lease was taken over switches nothing.
-		done := cur.status(StateDone)
-		now := time.Now().UTC()
-		done.FinishedAt = &now
-		return saveStatus(ctx, tx, done)
-	}, func() { cur.switched.Store(true) })
-}
-
-// since reads every partition's ends now, and returns them with the ranges
-// from ends (a partition ends does not name: from its oldest offset) up to
-// them, empty ranges left out.
-func (r *Rebuilder) since(client *bounded.Client, ends map[int32]int64) (map[int32]int64, []bounded.Range, error) {
-	parts, err := client.Partitions(r.cfg.Topic)
-	if err != nil {
-		return nil, nil, err
-	}
-	next := make(map[int32]int64, len(parts))
-	var ranges []bounded.Range
-	for _, p := range parts {
-		from, ok := ends[p.Partition]
-		if !ok {
-			from = p.Oldest
-		}
-		next[p.Partition] = max(from, p.Newest)
-		if p.Newest > from {
-			ranges = append(ranges, bounded.Range{Topic: p.Topic, Partition: p.Partition, From: from, End: p.Newest})
-		}
-	}
-	return next, ranges, nil
-}
-
-func records(ranges []bounded.Range) int64 {
-	var n int64
-	for _, rg := range ranges {
-		n += rg.Len()
-	}
-	return n
-}
-
-// copyTx copies the records of ranges into t, in tx. The test seam at, when
-// named, runs once the first record is copied.
-func (r *Rebuilder) copyTx(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
-	cur *run, log *slog.Logger, at point) error {
-	loader, err := t.LoaderTx(ctx, tx, func(partition int32, offset int64, violation error) {
-		cur.progress.Skipped.Add(1)
-		code := middleware.CodeContractViolation
-		if _, ok := errors.AsType[*event.KeyError](violation); ok {
-			code = middleware.CodeKeyMismatch
-		}
-		log.Warn("rebuild skipped a record", "topic", r.cfg.Topic, "partition", partition, "offset", offset,
-			"code", code, "reason", violation.Error())
-	})
-	if err != nil {
-		return err
-	}
-	var seam sync.Once
-	err = client.Read(ctx, ranges, func(ctx context.Context, rec *sarama.ConsumerMessage) error {
-		cur.progress.Read.Add(1)
-		if err := loader.Add(rec.Partition, rec.Offset, rec.Key, rec.Value); err != nil {
-			return err
-		}
-		var err error
-		if at != "" {
-			seam.Do(func() { err = r.at(ctx, at) })
-		}
-		return err
-	}, &cur.progress)
-	return errors.Join(err, loader.Close())
 }
 
 // inTx runs do in a transaction and commits it; after, when given, runs once
@@ -525,62 +307,4 @@ func (r *Rebuilder) at(ctx context.Context, p point) error {
 		return nil
 	}
 	return r.hook(ctx, p)
-}
-
-// saveProgress writes the progress every StatusEvery until stopped, which
-// renews the rebuild's lease; it cancels the rebuild when the lease was lost.
-func (r *Rebuilder) saveProgress(ctx context.Context, cur *run) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(r.cfg.StatusEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				err := saveStatus(ctx, r.cfg.DB, cur.status(StateRunning))
-				switch {
-				case cur.switched.Load():
-					return // the switch recorded the rebuild done
-				case errors.Is(err, errLeaseLost):
-					// Another rebuild runs now: this one stops rather than race it.
-					cur.cancel(err)
-					return
-				case err != nil && ctx.Err() == nil:
-					r.cfg.Log.Warn("rebuild progress not saved", "rebuildId", cur.id.String(), "error", err.Error())
-				}
-			}
-		}
-	})
-	var once sync.Once
-	return func() { once.Do(func() { cancel(); wg.Wait() }) }
-}
-
-// finish records a failure (the switch recorded a success itself), drops the
-// rebuild's tables, and logs the outcome once.
-func (r *Rebuilder) finish(ctx context.Context, cur *run, b boost.Build, log *slog.Logger, err error) {
-	st := cur.status(StateDone)
-	if !cur.switched.Load() {
-		st.State, st.Error = StateFailed, "the rebuild ended before its switch"
-		if err != nil {
-			st.Error = err.Error()
-		}
-		now := time.Now().UTC()
-		st.FinishedAt = &now
-		if saveErr := saveStatus(ctx, r.cfg.DB, st); saveErr != nil && !errors.Is(saveErr, errLeaseLost) {
-			log.Error("rebuild outcome not saved", "error", saveErr.Error())
-		}
-	}
-	if dropErr := b.Drop(ctx, r.cfg.DB); dropErr != nil {
-		log.Warn("rebuild tables not dropped; the next rebuild drops them", "error", dropErr.Error())
-	}
-	if st.State == StateFailed {
-		log.Error("projection rebuild failed", "phase", st.Phase, "error", st.Error)
-		return
-	}
-	log.Info("projection rebuild done", "offsetsTotal", st.OffsetsTotal, "read", st.Read, "skipped", st.Skipped,
-		"purchases", st.Purchases, "contributions", st.Contributions, "catchUps", st.CatchUps, "cardsChanged", st.CardsChanged,
-		"tookMs", time.Since(cur.startedAt).Milliseconds())
 }
