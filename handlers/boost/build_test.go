@@ -36,17 +36,15 @@ func (b bundle) built(t *testing.T, evs ...event.PurchaseChanged) boost.Build {
 // stage copies evs into table as records keyed by their PurchaseId.
 func (b bundle) stage(t *testing.T, table boost.EventTable, evs ...event.PurchaseChanged) {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-		l, err := table.LoaderTx(ctx, tx, func(_ int32, _ int64, violation error) { t.Errorf("skipped: %v", violation) })
+	l, err := table.NewLoader(context.Background(), boost.LoaderConfig{DB: b.db,
+		Skipped: func(_ int32, _ int64, violation error) { t.Errorf("skipped: %v", violation) }})
+	require.NoError(t, err)
+	for i, ev := range evs {
+		payload, err := json.Marshal(ev)
 		require.NoError(t, err)
-		for i, ev := range evs {
-			payload, err := json.Marshal(ev)
-			require.NoError(t, err)
-			require.NoError(t, l.Add(0, int64(i), []byte(ev.PurchaseId.String()), payload))
-		}
-		return l.Close()
-	}))
+		require.NoError(t, l.Add(0, int64(i), []byte(ev.PurchaseId.String()), payload))
+	}
+	require.NoError(t, l.Close())
 }
 
 // switchTo is the switch's transaction: the writers held back, the tail

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
@@ -54,16 +56,69 @@ type contribution struct {
 	Weight     int       `db:"boost_weight"`
 }
 
-// The staging tables of a replica check: temporary, of its one transaction.
-var (
-	auditEvents = boost.TempEventTable("audit_events") // the records up to the ends read
-	auditSince  = boost.TempEventTable("audit_since")  // the records past them, read after the replica
-)
+// staging is the tables of one replica check: unlogged, in the catalog
+// schema, named after the check's start and an id of its own, and dropped
+// when it ends. Each is written in chunks of short transactions and read by
+// statements that write nothing, so that the check never holds an xid for
+// long: every promotion relay of the server waits for the oldest one.
+type staging struct {
+	prefix string
+	// events holds the records up to the ends read; since those past them,
+	// read after the replica.
+	events, since boost.EventTable
+}
+
+// stagingPattern matches the tables of every replica check; its group is the
+// check's start in Unix seconds.
+const stagingPattern = `^audit_([0-9]+)_[0-9a-f]{16}_`
+
+// abandonedAfter is the age past which a check's tables were left by a
+// process that died: a later check drops them.
+const abandonedAfter = 24 * time.Hour
+
+func newStaging() staging {
+	prefix := fmt.Sprintf("audit_%d_%s_", time.Now().Unix(), strings.ReplaceAll(uuid.NewString(), "-", "")[:16])
+	return staging{prefix: prefix, events: boost.StagingTable(prefix + "events"), since: boost.StagingTable(prefix + "since")}
+}
+
+// outcome is the table of the purchases whose replica is not the newest
+// event's: drift, pending, or ahead of the records read.
+func (s staging) outcome() string { return `catalog.` + pq.QuoteIdentifier(s.prefix+"outcome") }
+
+// create creates the tables, empty, in one statement (one transaction).
+func (s staging) create(ctx context.Context, db *sqlx.DB) error {
+	if _, err := db.ExecContext(ctx, s.events.CreateSQL()+`; `+s.since.CreateSQL()+`;
+		CREATE UNLOGGED TABLE `+s.outcome()+` (purchase_id uuid NOT NULL, on_topic boolean NOT NULL,
+			replica_version bigint, version bigint, status text, boost_weight integer, target_kinds text[],
+			target_ids uuid[], state text NOT NULL)`); err != nil {
+		return fmt.Errorf("create replica check tables: %w", err)
+	}
+	return nil
+}
+
+// drop drops the tables; and those of checks whose process died, once a
+// day old.
+func (s staging) drop(ctx context.Context, db *sqlx.DB) error {
+	var tables []string
+	if err := db.SelectContext(ctx, &tables, `SELECT 'catalog.' || quote_ident(relname) FROM pg_class
+		WHERE relnamespace = 'catalog'::regnamespace AND relkind IN ('r', 'p') AND relname ~ $1
+			AND (starts_with(relname, $2) OR substring(relname FROM $1)::bigint < extract(epoch FROM now()) - $3)
+		ORDER BY relkind, relname`, stagingPattern, s.prefix, abandonedAfter.Seconds()); err != nil {
+		return fmt.Errorf("list replica check tables: %w", err)
+	}
+	for _, t := range tables {
+		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
+			return fmt.Errorf("drop replica check table %s: %w", t, err)
+		}
+	}
+	return nil
+}
 
 // Replica reads the whole purchase topic up to its end now into a staging
-// table of PostgreSQL (COPY), and compares each purchase's newest event with
-// the replica's contributions in SQL: its memory does not grow with the
-// topic. A purchase whose replica differs is pending, not drift, when the
+// table of PostgreSQL (COPY, a chunk per short transaction), and compares
+// each purchase's newest event with the replica's contributions in one SQL
+// statement that writes nothing: its memory does not grow with the topic,
+// and no transaction of it holds an xid for longer than a chunk. A purchase whose replica differs is pending, not drift, when the
 // catalog consumer has not consumed one of its records yet and the replica
 // is behind the topic; a replica at the topic's newest version is compared,
 // whatever the group's offsets say (a rebuild builds the replica from the
@@ -88,31 +143,42 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	if err != nil {
 		return r, err
 	}
-	tx, err := a.cfg.DB.BeginTxx(ctx, nil)
-	if err != nil {
-		return r, fmt.Errorf("begin replica check: %w", err)
+	st := newStaging()
+	defer func() {
+		if err := st.drop(context.WithoutCancel(ctx), a.cfg.DB); err != nil {
+			a.cfg.Log.Warn("replica check tables not dropped; the next check drops them a day on", "error", err.Error())
+		}
+	}()
+	if err := st.create(ctx, a.cfg.DB); err != nil {
+		return r, err
 	}
-	defer tx.Rollback() //nolint:errcheck // the staging tables go with it
 	var unreadable atomic.Int64
-	if err := a.stage(ctx, tx, client, auditEvents, ranges, &unreadable); err != nil {
-		return r, err
-	}
-	ahead, err := classifyTx(ctx, tx, committed)
+	copied, err := a.stage(ctx, client, st.events, ranges, &unreadable)
 	if err != nil {
 		return r, err
+	}
+	ahead, err := a.classify(ctx, st, committed)
+	if err != nil {
+		return r, err
+	}
+	// Checked after the comparison: a table emptied before or during it is
+	// still empty now.
+	if err := st.events.CheckRows(ctx, a.cfg.DB, copied); err != nil {
+		return r, fmt.Errorf("replica check: %w; run it again", err)
 	}
 	if ahead > 0 {
-		if err := a.settleAhead(ctx, tx, client, ranges, &unreadable); err != nil {
+		if err := a.settleAhead(ctx, client, st, ranges); err != nil {
 			return r, err
 		}
 	}
-	if err := tx.GetContext(ctx, &r, `SELECT count(*) FILTER (WHERE on_topic OR state = 'pending') AS purchases,
+	if err := a.cfg.DB.GetContext(ctx, &r, `SELECT (SELECT count(DISTINCT purchase_id) FROM `+st.events.String()+`)
+			+ count(*) FILTER (WHERE NOT on_topic AND state = 'pending') AS purchases,
 		count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'drift') AS drifted
-		FROM audit_outcome`); err != nil {
+		FROM `+st.outcome()); err != nil {
 		return r, fmt.Errorf("count replica check: %w", err)
 	}
 	r.Unreadable = unreadable.Load()
-	if r.Samples, err = a.samples(ctx, tx); err != nil {
+	if r.Samples, err = a.samples(ctx, st); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -153,37 +219,37 @@ func (a *Auditor) plan(ctx context.Context, client *bounded.Client) ([]bounded.R
 	return ranges, committed, nil
 }
 
-// stage creates t in tx and copies the records of ranges into it.
-func (a *Auditor) stage(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
-	unreadable *atomic.Int64) error {
-	if err := t.CreateTx(ctx, tx); err != nil {
-		return err
-	}
-	loader, err := t.LoaderTx(ctx, tx, func(int32, int64, error) { unreadable.Add(1) })
+// stage copies the records of ranges into t, a chunk per transaction, and
+// returns how many rows it committed.
+func (a *Auditor) stage(ctx context.Context, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
+	unreadable *atomic.Int64) (int64, error) {
+	loader, err := t.NewLoader(ctx, boost.LoaderConfig{DB: a.cfg.DB,
+		Skipped: func(int32, int64, error) { unreadable.Add(1) }})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
 		return loader.Add(rec.Partition, rec.Offset, rec.Key, rec.Value)
 	}, nil)
 	if err := errors.Join(err, loader.Close()); err != nil {
-		return fmt.Errorf("read %s: %w", a.cfg.Topic, err)
+		return 0, fmt.Errorf("read %s: %w", a.cfg.Topic, err)
 	}
-	return nil
+	return loader.Rows(), nil
 }
 
-// classifySQL sorts every purchase of the topic read or of the replica into
-// audit_outcome: ok (the replica holds the newest event's contributions),
-// drift, pending (a record not consumed yet, and a replica behind the
-// topic), or ahead (the replica is newer than the records read: settled by
-// the records since, settleAheadSQL). $1 and $2 are the group's committed
-// offsets by partition.
-var classifySQL = `CREATE TEMPORARY TABLE audit_outcome ON COMMIT DROP AS
-	WITH committed AS (SELECT * FROM unnest($1::integer[], $2::bigint[]) AS c(part, off)),
+// classifySQL sorts every purchase of the topic read or of the replica: ok
+// (the replica holds the newest event's contributions), drift, pending (a
+// record not consumed yet, and a replica behind the topic), or ahead (the
+// replica is newer than the records read: settled by the records since,
+// settleAhead); it returns those that are not ok. $1 and $2 are the group's
+// committed offsets by partition. One statement: one snapshot of the
+// replica, and it writes nothing, so it holds no xid however long it reads.
+func classifySQL(st staging) string {
+	return `WITH committed AS (SELECT * FROM unnest($1::integer[], $2::bigint[]) AS c(part, off)),
 	unconsumed AS (
-		SELECT DISTINCT e.purchase_id FROM ` + auditEvents.String() + ` e LEFT JOIN committed c ON c.part = e.part
+		SELECT DISTINCT e.purchase_id FROM ` + st.events.String() + ` e LEFT JOIN committed c ON c.part = e.part
 		WHERE c.off IS NULL OR e.off >= c.off
-	), newest AS (` + auditEvents.LatestSQL() + `),
+	), newest AS (` + st.events.LatestSQL() + `),
 	expected AS (
 		SELECT n.purchase_id, t.kind, t.id, n.version, n.status = 'Active' AS active, n.boost_weight
 		FROM newest n, unnest(n.target_kinds, n.target_ids) AS t(kind, id)
@@ -194,42 +260,78 @@ var classifySQL = `CREATE TEMPORARY TABLE audit_outcome ON COMMIT DROP AS
 			ON (c.purchase_id, c.target_kind, c.target_id, c.version, c.active, c.boost_weight)
 			 = (x.purchase_id, x.kind, x.id, x.version, x.active, x.boost_weight)
 		GROUP BY 1
+	), classified AS (
+		SELECT coalesce(n.purchase_id, r.purchase_id) AS purchase_id, n.purchase_id IS NOT NULL AS on_topic,
+			r.version AS replica_version, n.version, n.status, n.boost_weight, n.target_kinds, n.target_ids,
+			CASE
+				WHEN n.purchase_id IS NOT NULL AND coalesce(r.rows, 0) = cardinality(n.target_ids)
+					AND coalesce(m.rows, 0) = cardinality(n.target_ids) THEN 'ok'
+				WHEN n.purchase_id IS NOT NULL AND r.version = n.version THEN 'drift'
+				WHEN u.purchase_id IS NOT NULL AND coalesce(r.version, 0) < n.version THEN 'pending'
+				WHEN r.version > coalesce(n.version, 0) THEN 'ahead'
+				ELSE 'drift'
+			END AS state
+		FROM newest n FULL JOIN replica r ON r.purchase_id = n.purchase_id
+			LEFT JOIN matched m ON m.purchase_id = n.purchase_id
+			LEFT JOIN unconsumed u ON u.purchase_id = n.purchase_id
 	)
-	SELECT coalesce(n.purchase_id, r.purchase_id) AS purchase_id, n.purchase_id IS NOT NULL AS on_topic,
-		r.version AS replica_version, n.version, n.status, n.boost_weight, n.target_kinds, n.target_ids,
-		CASE
-			WHEN n.purchase_id IS NOT NULL AND coalesce(r.rows, 0) = cardinality(n.target_ids)
-				AND coalesce(m.rows, 0) = cardinality(n.target_ids) THEN 'ok'
-			WHEN n.purchase_id IS NOT NULL AND r.version = n.version THEN 'drift'
-			WHEN u.purchase_id IS NOT NULL AND coalesce(r.version, 0) < n.version THEN 'pending'
-			WHEN r.version > coalesce(n.version, 0) THEN 'ahead'
-			ELSE 'drift'
-		END AS state
-	FROM newest n FULL JOIN replica r ON r.purchase_id = n.purchase_id
-		LEFT JOIN matched m ON m.purchase_id = n.purchase_id
-		LEFT JOIN unconsumed u ON u.purchase_id = n.purchase_id`
+	SELECT purchase_id, on_topic, replica_version, version, status, boost_weight, target_kinds, target_ids, state
+	FROM classified WHERE state <> 'ok'`
+}
 
-// classifyTx runs classifySQL and returns how many purchases are ahead.
-func classifyTx(ctx context.Context, tx *sqlx.Tx, committed map[int32]int64) (int64, error) {
+// outcomeColumns are the columns of the outcome table, as classifySQL
+// returns them.
+var outcomeColumns = []string{"purchase_id", "on_topic", "replica_version", "version", "status", "boost_weight",
+	"target_kinds", "target_ids", "state"}
+
+// classify runs classifySQL and copies what it returns into the outcome
+// table, a chunk per transaction; it returns how many purchases are ahead.
+func (a *Auditor) classify(ctx context.Context, st staging, committed map[int32]int64) (int64, error) {
 	parts, offs := make([]int64, 0, len(committed)), make([]int64, 0, len(committed))
 	for p, off := range committed {
 		parts, offs = append(parts, int64(p)), append(offs, off)
 	}
-	if _, err := tx.ExecContext(ctx, classifySQL, pq.Array(parts), pq.Array(offs)); err != nil {
-		return 0, fmt.Errorf("compare replica with the topic: %w", err)
+	out, err := boost.NewCopier(ctx, boost.CopyConfig{DB: a.cfg.DB, Schema: "catalog", Table: st.prefix + "outcome",
+		Columns: outcomeColumns})
+	if err != nil {
+		return 0, err
 	}
-	var ahead int64
-	if err := tx.GetContext(ctx, &ahead, `SELECT count(*) FROM audit_outcome WHERE state = 'ahead'`); err != nil {
+	ahead, err := a.streamOutcome(ctx, st, pq.Array(parts), pq.Array(offs), out)
+	if err := errors.Join(err, out.Close()); err != nil {
 		return 0, fmt.Errorf("compare replica with the topic: %w", err)
 	}
 	return ahead, nil
+}
+
+// streamOutcome reads classifySQL's rows into out.
+func (a *Auditor) streamOutcome(ctx context.Context, st staging, parts, offs any, out *boost.Copier) (int64, error) {
+	rows, err := a.cfg.DB.QueryxContext(ctx, classifySQL(st), parts, offs)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var ahead int64
+	for rows.Next() {
+		var o outcome
+		if err := rows.StructScan(&o); err != nil {
+			return 0, err
+		}
+		if o.State == "ahead" {
+			ahead++
+		}
+		if err := out.Add(o.PurchaseID, o.OnTopic, o.ReplicaVersion, o.Version, o.Status, o.Weight, o.Kinds, o.IDs,
+			o.State); err != nil {
+			return 0, err
+		}
+	}
+	return ahead, rows.Err()
 }
 
 // settleAhead reads the records past the ends read, up to the partitions'
 // ends now (after the replica was read), and makes each purchase ahead
 // pending when they hold its replica's version or a newer one, drift
 // otherwise.
-func (a *Auditor) settleAhead(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, read []bounded.Range, unreadable *atomic.Int64) error {
+func (a *Auditor) settleAhead(ctx context.Context, client *bounded.Client, st staging, read []bounded.Range) error {
 	parts, err := client.Partitions(a.cfg.Topic)
 	if err != nil {
 		return err
@@ -243,33 +345,44 @@ func (a *Auditor) settleAhead(ctx context.Context, tx *sqlx.Tx, client *bounded.
 		}
 	}
 	var ignored atomic.Int64 // counted by a later check, once past the ends it reads
-	if err := a.stage(ctx, tx, client, auditSince, ranges, &ignored); err != nil {
+	copied, err := a.stage(ctx, client, st.since, ranges, &ignored)
+	if err != nil {
 		return fmt.Errorf("since the audit began: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE audit_outcome o SET state = CASE WHEN coalesce(
-			(SELECT max(s.version) FROM `+auditSince.String()+` s WHERE s.purchase_id = o.purchase_id), 0) >= o.replica_version
-		THEN 'pending' ELSE 'drift' END WHERE state = 'ahead'`); err != nil {
+	// Aggregated before the first row is written: the statement holds its
+	// xid only while it updates the purchases ahead.
+	if _, err := a.cfg.DB.ExecContext(ctx, `UPDATE `+st.outcome()+` o SET state = s.state FROM (
+			SELECT a.purchase_id, CASE WHEN coalesce(max(n.version), 0) >= a.replica_version THEN 'pending' ELSE 'drift' END AS state
+			FROM `+st.outcome()+` a LEFT JOIN `+st.since.String()+` n ON n.purchase_id = a.purchase_id
+			WHERE a.state = 'ahead' GROUP BY a.purchase_id, a.replica_version
+		) s WHERE o.purchase_id = s.purchase_id AND o.state = 'ahead'`); err != nil {
 		return fmt.Errorf("settle replica ahead of the topic: %w", err)
+	}
+	// After the update: a table emptied before it is still empty now.
+	if err := st.since.CheckRows(ctx, a.cfg.DB, copied); err != nil {
+		return fmt.Errorf("replica check: %w; run it again", err)
 	}
 	return nil
 }
 
-// outcome is a drifted purchase as audit_outcome holds it.
+// outcome is a purchase that classifySQL did not find ok.
 type outcome struct {
-	PurchaseID uuid.UUID      `db:"purchase_id"`
-	OnTopic    bool           `db:"on_topic"`
-	Version    *int64         `db:"version"`
-	Status     *string        `db:"status"`
-	Weight     *int           `db:"boost_weight"`
-	Kinds      pq.StringArray `db:"target_kinds"`
-	IDs        pq.StringArray `db:"target_ids"`
+	PurchaseID     uuid.UUID      `db:"purchase_id"`
+	OnTopic        bool           `db:"on_topic"`
+	ReplicaVersion *int64         `db:"replica_version"`
+	Version        *int64         `db:"version"`
+	Status         *string        `db:"status"`
+	Weight         *int           `db:"boost_weight"`
+	Kinds          pq.StringArray `db:"target_kinds"`
+	IDs            pq.StringArray `db:"target_ids"`
+	State          string         `db:"state"`
 }
 
 // samples names the first drifted purchases, by id, and how each differs.
-func (a *Auditor) samples(ctx context.Context, tx *sqlx.Tx) ([]PurchaseDrift, error) {
+func (a *Auditor) samples(ctx context.Context, st staging) ([]PurchaseDrift, error) {
 	var drifted []outcome
-	if err := tx.SelectContext(ctx, &drifted, `SELECT purchase_id, on_topic, version, status, boost_weight, target_kinds, target_ids
-		FROM audit_outcome WHERE state = 'drift' ORDER BY purchase_id LIMIT $1`, a.cfg.Samples); err != nil {
+	if err := a.cfg.DB.SelectContext(ctx, &drifted, `SELECT `+strings.Join(outcomeColumns, ", ")+`
+		FROM `+st.outcome()+` WHERE state = 'drift' ORDER BY purchase_id LIMIT $1`, a.cfg.Samples); err != nil {
 		return nil, fmt.Errorf("drifted purchases: %w", err)
 	}
 	var out []PurchaseDrift
@@ -279,7 +392,7 @@ func (a *Auditor) samples(ctx context.Context, tx *sqlx.Tx) ([]PurchaseDrift, er
 			continue
 		}
 		var have []contribution
-		if err := tx.SelectContext(ctx, &have, `SELECT purchase_id, target_kind, target_id, version, active, boost_weight
+		if err := a.cfg.DB.SelectContext(ctx, &have, `SELECT purchase_id, target_kind, target_id, version, active, boost_weight
 			FROM catalog.promotion_contributions WHERE purchase_id = $1 ORDER BY target_kind, target_id`, o.PurchaseID); err != nil {
 			return nil, fmt.Errorf("read replica of %s: %w", o.PurchaseID, err)
 		}

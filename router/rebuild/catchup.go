@@ -23,13 +23,13 @@ func (r *Rebuilder) catchUp(ctx context.Context, client *bounded.Client, b boost
 			return ends, nil
 		}
 		cur.progress.Extend(ranges)
+		if _, err := r.copy(ctx, client, b.Tail, ranges, cur, log, ""); err != nil {
+			return nil, err
+		}
+		if err := r.at(ctx, pointCatchUp); err != nil {
+			return nil, err
+		}
 		if err := r.inTx(ctx, "fold catch-up", func(ctx context.Context, tx *sqlx.Tx) error {
-			if err := r.copyTx(ctx, tx, client, b.Tail, ranges, cur, log, ""); err != nil {
-				return err
-			}
-			if err := r.at(ctx, pointCatchUp); err != nil {
-				return err
-			}
 			_, err := b.FoldTx(ctx, tx)
 			return err
 		}); err != nil {

@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/IBM/sarama"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
@@ -33,9 +32,8 @@ func (r *Rebuilder) read(ctx context.Context, client *bounded.Client, b boost.Bu
 		if err := r.at(ctx, pointEnds); err != nil {
 			return err
 		}
-		return r.inTx(ctx, "copy records", func(ctx context.Context, tx *sqlx.Tx) error {
-			return r.copyTx(ctx, tx, client, b.Events, ranges, cur, log, pointRead)
-		})
+		_, err := r.copy(ctx, client, b.Events, ranges, cur, log, pointRead)
+		return err
 	})
 	return ends, err
 }
@@ -71,33 +69,36 @@ func records(ranges []bounded.Range) int64 {
 	return n
 }
 
-// copyTx copies the records of ranges into t, in tx. The test seam at, when
-// named, runs once the first record is copied.
-func (r *Rebuilder) copyTx(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
-	cur *run, log *slog.Logger, at point) error {
-	loader, err := t.LoaderTx(ctx, tx, func(partition int32, offset int64, violation error) {
-		cur.progress.Skipped.Add(1)
-		code := middleware.CodeContractViolation
-		if _, ok := errors.AsType[*event.KeyError](violation); ok {
-			code = middleware.CodeKeyMismatch
-		}
-		log.Warn("rebuild skipped a record", "topic", r.cfg.Topic, "partition", partition, "offset", offset,
-			"code", code, "reason", violation.Error())
-	})
-	if err != nil {
-		return err
-	}
+// copy copies the records of ranges into t, a chunk per transaction, and
+// returns how many rows it committed. The test seam at, when named, runs
+// once the first chunk committed.
+func (r *Rebuilder) copy(ctx context.Context, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
+	cur *run, log *slog.Logger, at point) (int64, error) {
 	var seam sync.Once
-	err = client.Read(ctx, ranges, func(ctx context.Context, rec *sarama.ConsumerMessage) error {
-		cur.progress.Read.Add(1)
-		if err := loader.Add(rec.Partition, rec.Offset, rec.Key, rec.Value); err != nil {
+	loader, err := t.NewLoader(ctx, boost.LoaderConfig{DB: r.cfg.DB,
+		Skipped: func(partition int32, offset int64, violation error) {
+			cur.progress.Skipped.Add(1)
+			code := middleware.CodeContractViolation
+			if _, ok := errors.AsType[*event.KeyError](violation); ok {
+				code = middleware.CodeKeyMismatch
+			}
+			log.Warn("rebuild skipped a record", "topic", r.cfg.Topic, "partition", partition, "offset", offset,
+				"code", code, "reason", violation.Error())
+		},
+		Committed: func(ctx context.Context, _ int64) error {
+			var err error
+			if at != "" {
+				seam.Do(func() { err = r.at(ctx, at) })
+			}
 			return err
-		}
-		var err error
-		if at != "" {
-			seam.Do(func() { err = r.at(ctx, at) })
-		}
-		return err
+		}})
+	if err != nil {
+		return 0, err
+	}
+	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
+		cur.progress.Read.Add(1)
+		return loader.Add(rec.Partition, rec.Offset, rec.Key, rec.Value)
 	}, &cur.progress)
-	return errors.Join(err, loader.Close())
+	err = errors.Join(err, loader.Close())
+	return loader.Rows(), err
 }

@@ -9,9 +9,10 @@
 // the progress and the outcome, lease.go holds one rebuild at a time):
 //
 //   - read: record every partition's end offset, and copy the records up to
-//     those ends into a staging table (boost.EventTable, by COPY), each
-//     checked as the consumer checks it; a record that breaks the contract
-//     is skipped and counted;
+//     those ends into a staging table (boost.EventTable, by COPY in chunks,
+//     each a short transaction of its own: boost.Copier), each checked as
+//     the consumer checks it; a record that breaks the contract is skipped
+//     and counted;
 //   - load: the new replica from each purchase's latest event, in one
 //     set-based statement (boost.Build.LoadTx);
 //   - compute: every target's sum of active weights;

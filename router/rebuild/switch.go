@@ -21,7 +21,8 @@ import (
 func (r *Rebuilder) switchGivingWay(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger,
 	ends map[int32]int64) error {
 	for {
-		err := r.switchOver(ctx, client, b, cur, log, ends)
+		var err error
+		ends, err = r.switchOver(ctx, client, b, cur, log, ends)
 		if !lockTimedOut(err) {
 			return err
 		}
@@ -61,9 +62,14 @@ func (r *Rebuilder) replicaHolders(ctx context.Context) []string {
 	return out
 }
 
-// switchOver is the switch's one transaction (see the package comment).
-func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger, ends map[int32]int64) error {
-	return r.inTx(ctx, "switch", func(ctx context.Context, tx *sqlx.Tx) error {
+// switchOver is the switch's one transaction (see the package comment). It
+// returns the ends up to which it copied the records into the tail: those
+// stay there when the switch rolls back, and the next catch-up goes on from
+// these ends, so that no record is read, counted or logged twice.
+func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b boost.Build, cur *run, log *slog.Logger,
+	ends map[int32]int64) (map[int32]int64, error) {
+	copied := ends
+	err := r.inTx(ctx, "switch", func(ctx context.Context, tx *sqlx.Tx) error {
 		// Every lock of the switch waits SwitchWait at most: past it the
 		// switch rolls back and the writers it held back go on.
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, r.cfg.SwitchWait.Milliseconds())); err != nil {
@@ -77,14 +83,16 @@ func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b bo
 		}
 		// Read now, while no writer of the projection can commit: every
 		// event the consumer committed lies below these ends.
-		_, ranges, err := r.since(client, ends)
+		next, ranges, err := r.since(client, ends)
 		if err != nil {
 			return err
 		}
 		cur.progress.Extend(ranges)
-		if err := r.copyTx(ctx, tx, client, b.Tail, ranges, cur, log, ""); err != nil {
+		// Copied in transactions of their own, which the switch's reads see.
+		if _, err := r.copy(ctx, client, b.Tail, ranges, cur, log, ""); err != nil {
 			return err
 		}
+		copied = next
 		if _, err := b.FoldTx(ctx, tx); err != nil {
 			return err
 		}
@@ -102,4 +110,5 @@ func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b bo
 		done.FinishedAt = &now
 		return saveStatus(ctx, tx, done)
 	}, func() { cur.switched.Store(true) })
+	return copied, err
 }
