@@ -13,8 +13,8 @@ import (
 
 // Build is a PromotionBoost projection built beside the live one (blue/green)
 // in tables of its own, named after its rebuild: the staged events of the
-// topic (Events, and Tail for each catch-up), the new contributions, and
-// every target's sum of active weights. Until SwitchTx nothing here touches
+// topic (Events, in slices, and Tail for each catch-up), the new
+// contributions, and every target's sum of active weights. Until SwitchTx nothing here touches
 // the live projection, which the consumer keeps serving and writing; a build
 // that stops anywhere leaves only its own tables, which DropBuilds removes.
 // Nothing here begins or commits a transaction.
@@ -54,7 +54,7 @@ func (b Build) sums() string { return b.table("sums") }
 func DropBuilds(ctx context.Context, db *sqlx.DB) error {
 	var tables []string
 	if err := db.SelectContext(ctx, &tables, `SELECT 'catalog.' || quote_ident(relname) FROM pg_class
-		WHERE relnamespace = 'catalog'::regnamespace AND relkind = 'r' AND relname ~ $1 ORDER BY relname`,
+		WHERE relnamespace = 'catalog'::regnamespace AND relkind IN ('r', 'p') AND relname ~ $1 ORDER BY relkind, relname`,
 		buildTablePattern); err != nil {
 		return fmt.Errorf("list rebuild tables: %w", err)
 	}
@@ -75,70 +75,83 @@ func (b Build) Drop(ctx context.Context, db *sqlx.DB) error {
 	return nil
 }
 
+// Sliced is b with its Events in n slices (EventTable.Sliced): the load
+// builds the new replica a slice per transaction.
+func (b Build) Sliced(n int) Build {
+	b.Events = b.Events.Sliced(n)
+	return b
+}
+
 // CreateTx creates the build's staging tables of events, empty.
 func (b Build) CreateTx(ctx context.Context, tx *sqlx.Tx) error {
 	return errors.Join(b.Events.CreateTx(ctx, tx), b.Tail.CreateTx(ctx, tx))
 }
 
-// Built is what LoadTx built.
-type Built struct {
-	// Purchases is how many purchases the new replica holds, Contributions
-	// how many contributions (one per purchase and card target).
-	Purchases, Contributions int64
+// CreateReplicaTx creates the new replica, empty, and its sums. The replica
+// is logged, with the live one's constraints and indexes, because it
+// becomes the live one.
+func (b Build) CreateReplicaTx(ctx context.Context, tx *sqlx.Tx) error {
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE `+b.contributions()+` (LIKE catalog.promotion_contributions INCLUDING ALL);
+		CREATE UNLOGGED TABLE `+b.sums()+` (target_kind text NOT NULL, target_id uuid NOT NULL, weight integer NOT NULL,
+			PRIMARY KEY (target_kind, target_id))`); err != nil {
+		return fmt.Errorf("create new replica: %w", err)
+	}
+	return nil
+}
+
+// Loaded is what LoadSliceTx loaded.
+type Loaded struct {
+	// Purchases is how many purchases the slice gave the new replica,
+	// Contributions how many contributions (one per purchase and card
+	// target), and Targets how many targets it added to the sums.
+	Purchases, Contributions, Targets int64
 }
 
 // sortMemory is the memory PostgreSQL may sort with in the build's
-// statements: the latest event of every purchase (about 200 bytes a
-// record) is sorted in memory rather than on disk up to a million records.
+// statements: the latest event of every purchase of a slice (about 200
+// bytes a record) is sorted in memory rather than on disk.
 const sortMemory = `SET LOCAL work_mem = '256MB'; SET LOCAL maintenance_work_mem = '256MB'`
 
-// LoadTx builds the new replica from the staged events, in tx: each
-// purchase's latest event (EventTable.LatestSQL) gives one contribution per
-// card target, as the consumer's version guard leaves them. The table is
-// logged, with the live one's constraints and indexes, because it becomes
-// the live one.
-func (b Build) LoadTx(ctx context.Context, tx *sqlx.Tx) (Built, error) {
-	var out Built
-	if _, err := tx.ExecContext(ctx, sortMemory+`;
-		CREATE TABLE `+b.contributions()+` (LIKE catalog.promotion_contributions INCLUDING ALL)`); err != nil {
-		return out, fmt.Errorf("create new replica: %w", err)
+// LoadSliceTx builds the new replica's share of slice k of the staged
+// events, in tx: each purchase's latest event (EventTable.LatestSQL) gives
+// one contribution per card target, as the consumer's version guard leaves
+// them, and its active weights go into the sums. A slice holds whole
+// purchases, so the slices add up to the whole replica; each is one
+// bounded transaction, which holds its xid only while it writes (the
+// latest events are sorted before the first row is written).
+func (b Build) LoadSliceTx(ctx context.Context, tx *sqlx.Tx, k int) (Loaded, error) {
+	var out Loaded
+	if _, err := tx.ExecContext(ctx, sortMemory); err != nil {
+		return out, fmt.Errorf("load new replica: %w", err)
 	}
-	err := tx.QueryRowxContext(ctx, `WITH latest AS (`+b.Events.LatestSQL()+`), written AS (
+	err := tx.QueryRowxContext(ctx, `WITH latest AS (`+b.Events.Slice(k).LatestSQL()+`), written AS (
 			INSERT INTO `+b.contributions()+` (purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
 			SELECT l.purchase_id, t.kind, t.id, l.boost_weight, l.status, l.version, l.status = 'Active', l.ends_at, now()
 			FROM latest l, unnest(l.target_kinds, l.target_ids) AS t(kind, id)
-			RETURNING 1
+			RETURNING target_kind, target_id, boost_weight, active
+		), grouped AS (
+			SELECT target_kind, target_id, sum(boost_weight)::integer AS weight FROM written WHERE active GROUP BY 1, 2
+		), summed AS (
+			INSERT INTO `+b.sums()+` AS s (target_kind, target_id, weight) SELECT target_kind, target_id, weight FROM grouped
+			ON CONFLICT (target_kind, target_id) DO UPDATE SET weight = s.weight + excluded.weight
 		)
-		SELECT (SELECT count(*) FROM latest), (SELECT count(*) FROM written)`).Scan(&out.Purchases, &out.Contributions)
+		SELECT (SELECT count(*) FROM latest), (SELECT count(*) FROM written), (SELECT count(*) FROM grouped g
+			WHERE NOT EXISTS (SELECT 1 FROM `+b.sums()+` s WHERE s.target_kind = g.target_kind AND s.target_id = g.target_id))`).
+		Scan(&out.Purchases, &out.Contributions, &out.Targets)
 	if err != nil {
 		return out, fmt.Errorf("load new replica: %w", err)
 	}
 	return out, nil
 }
 
-// ComputeTx sums the active weights of every target of the new replica, in
-// tx, and returns how many targets have contributions. It also gathers the
-// new replica's statistics, so that the consumer's statements are planned
-// well on it from the switch on.
-func (b Build) ComputeTx(ctx context.Context, tx *sqlx.Tx) (int64, error) {
-	if _, err := tx.ExecContext(ctx, sortMemory+`;
-		CREATE UNLOGGED TABLE `+b.sums()+` (target_kind text NOT NULL, target_id uuid NOT NULL, weight integer NOT NULL,
-			PRIMARY KEY (target_kind, target_id))`); err != nil {
-		return 0, fmt.Errorf("create sums: %w", err)
-	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO `+b.sums()+` (target_kind, target_id, weight)
-		SELECT target_kind, target_id, sum(boost_weight) FROM `+b.contributions()+` WHERE active GROUP BY 1, 2`)
-	if err != nil {
-		return 0, fmt.Errorf("compute sums: %w", err)
-	}
-	targets, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("compute sums: %w", err)
-	}
+// AnalyzeTx gathers the new replica's and the sums' statistics, in tx, so
+// that the consumer's statements are planned well on the replica from the
+// switch on.
+func (b Build) AnalyzeTx(ctx context.Context, tx *sqlx.Tx) error {
 	if _, err := tx.ExecContext(ctx, `ANALYZE `+b.contributions()+`; ANALYZE `+b.sums()); err != nil {
-		return 0, fmt.Errorf("analyze new replica: %w", err)
+		return fmt.Errorf("analyze new replica: %w", err)
 	}
-	return targets, nil
+	return nil
 }
 
 // Folded is what FoldTx folded in.

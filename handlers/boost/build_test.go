@@ -14,22 +14,22 @@ import (
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
-// built is a Build of evs (the records of one partition, in order), loaded
-// and computed: ready for its switch.
+// built is a Build of evs (the records of one partition, in order), in two
+// slices, loaded and analysed: ready for its switch.
 func (b bundle) built(t *testing.T, evs ...event.PurchaseChanged) boost.Build {
 	t.Helper()
 	ctx := context.Background()
-	build := boost.NewBuild(uuid.New())
+	build := boost.NewBuild(uuid.New()).Sliced(2)
 	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return build.CreateTx(ctx, tx) }))
 	b.stage(t, build.Events, evs...)
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-		_, err := build.LoadTx(ctx, tx)
-		return err
-	}))
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-		_, err := build.ComputeTx(ctx, tx)
-		return err
-	}))
+	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return build.CreateReplicaTx(ctx, tx) }))
+	for k := range build.Events.Slices() {
+		require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
+			_, err := build.LoadSliceTx(ctx, tx, k)
+			return err
+		}))
+	}
+	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return build.AnalyzeTx(ctx, tx) }))
 	return build
 }
 

@@ -2,17 +2,15 @@ package rebuild
 
 import (
 	"context"
-	"errors"
-
-	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/boost"
 )
 
-// compute sums every target's active weights in the new replica.
+// compute gathers the new tables' statistics; the load summed each slice's
+// active weights as it went.
 func (r *Rebuilder) compute(ctx context.Context, b boost.Build) error {
-	return r.inTx(ctx, "compute sums", func(ctx context.Context, tx *sqlx.Tx) error {
-		_, err := b.ComputeTx(ctx, tx)
-		return errors.Join(err, r.at(ctx, pointCompute))
-	})
+	if err := r.inTx(ctx, "analyze new replica", b.AnalyzeTx); err != nil {
+		return err
+	}
+	return r.at(ctx, pointCompute)
 }

@@ -24,6 +24,9 @@ const (
 	SwitchRecordsDefault = 1000
 	// CatchUpsDefault is the most catch-ups before the switch.
 	CatchUpsDefault = 10
+	// LoadSliceDefault is the most records of the topic one transaction of
+	// the load builds the new replica from.
+	LoadSliceDefault = 20_000
 	// SwitchWaitDefault is how long the switch waits for a lock before it
 	// gives way to the projection's writers and tries again.
 	SwitchWaitDefault = 2 * time.Second
@@ -43,6 +46,10 @@ type Config struct {
 	StatusEvery time.Duration
 	// StaleAfter marks a running rebuild abandoned when its progress is older. Defaults to 30s.
 	StaleAfter time.Duration
+	// LoadSlice is the most records of the topic one transaction of the load
+	// builds the new replica from: the staged events are split into as many
+	// slices by purchase. Defaults to 20,000 (about 0.3 s a slice).
+	LoadSlice int
 	// SwitchRecords: catch-ups go on until at most this many records arrived
 	// past the last one's ends; the switch reads and folds those under its
 	// locks. Defaults to 1000.
@@ -72,8 +79,8 @@ func (c Config) Validate() error {
 	if c.StatusEvery <= 0 || c.StaleAfter <= c.StatusEvery {
 		errs = append(errs, errors.New("rebuild: status interval must be positive and below the stale limit"))
 	}
-	if c.SwitchRecords < 1 || c.CatchUps < 1 {
-		errs = append(errs, errors.New("rebuild: switch records and catch-ups must be >= 1"))
+	if c.SwitchRecords < 1 || c.CatchUps < 1 || c.LoadSlice < 1 {
+		errs = append(errs, errors.New("rebuild: switch records, catch-ups and load slice must be >= 1"))
 	}
 	if c.SwitchWait < time.Millisecond {
 		errs = append(errs, errors.New("rebuild: switch wait must be at least 1ms"))
@@ -88,5 +95,6 @@ func (c *Config) setDefaults() {
 	c.StaleAfter = cmp.Or(c.StaleAfter, StaleAfterDefault)
 	c.SwitchRecords = cmp.Or(c.SwitchRecords, SwitchRecordsDefault)
 	c.CatchUps = cmp.Or(c.CatchUps, CatchUpsDefault)
+	c.LoadSlice = cmp.Or(c.LoadSlice, LoadSliceDefault)
 	c.SwitchWait = cmp.Or(c.SwitchWait, SwitchWaitDefault)
 }

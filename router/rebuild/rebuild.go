@@ -13,9 +13,10 @@
 //     each a short transaction of its own: boost.Copier), each checked as
 //     the consumer checks it; a record that breaks the contract is skipped
 //     and counted;
-//   - load: the new replica from each purchase's latest event, in one
-//     set-based statement (boost.Build.LoadTx);
-//   - compute: every target's sum of active weights;
+//   - load: the new replica, and every target's sum of active weights, from
+//     each purchase's latest event, a slice of purchases per transaction
+//     (boost.Build.LoadSliceTx; Config.LoadSlice records a slice);
+//   - compute: the new tables' statistics;
 //   - catch-up: copy the records that arrived past the last ends and fold
 //     them into the new replica and its sums with the consumer's version
 //     guard, round after round until few arrive (Config.SwitchRecords);
@@ -80,12 +81,16 @@ const (
 	pointBeforeEnds point = "before-ends"
 	// pointEnds: the ends recorded, no record read yet.
 	pointEnds point = "ends"
-	// pointRead: the first record of the read copied, the others being copied.
+	// pointRead: the first chunk of the read committed, the others being
+	// read.
 	pointRead point = "read"
-	// pointLoad, pointCompute: their statements done, not committed.
-	pointLoad    point = "load"
+	// pointLoad: the first slice of the new replica committed, the others
+	// not loaded yet.
+	pointLoad point = "load"
+	// pointCompute: the compute committed, the catch-up not begun.
 	pointCompute point = "compute"
-	// pointCatchUp: a catch-up's ends read and its records copied, not folded.
+	// pointCatchUp: a catch-up's ends read and its records copied (and
+	// committed), not folded.
 	pointCatchUp point = "catch-up"
 	// pointSwitchLocked: the switch holds the writers back and has not read
 	// the final ends.
@@ -228,7 +233,7 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 	if err := check(client, r.cfg.Topic); err != nil {
 		return err
 	}
-	if err := r.prepare(ctx, b); err != nil {
+	if b, err = r.prepare(ctx, client, b); err != nil {
 		return err
 	}
 	report(nil)
@@ -237,12 +242,18 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 }
 
 // prepare drops the tables that rebuilds left behind and creates the
-// staging tables of b.
-func (r *Rebuilder) prepare(ctx context.Context, b boost.Build) error {
+// staging tables of b, its events in as many slices as the topic's records
+// now need (Config.LoadSlice), and returns b so sliced.
+func (r *Rebuilder) prepare(ctx context.Context, client *bounded.Client, b boost.Build) (boost.Build, error) {
 	if err := boost.DropBuilds(ctx, r.cfg.DB); err != nil {
-		return err
+		return b, err
 	}
-	return r.inTx(ctx, "create staging tables", b.CreateTx)
+	_, ranges, err := r.since(client, nil)
+	if err != nil {
+		return b, err
+	}
+	b = b.Sliced(slices(records(ranges), r.cfg.LoadSlice))
+	return b, r.inTx(ctx, "create staging tables", b.CreateTx)
 }
 
 // build runs the phases.
