@@ -73,7 +73,10 @@ func runRebuild(ctx context.Context, args []string) error {
 
 // printRebuild writes the one line a rebuild ends with.
 func printRebuild(w io.Writer, st rebuild.Status, took time.Duration) {
-	fmt.Fprintf(w, "rebuild %s %s (phase %s): read %d, skipped %d, purchases %d, contributions %d, catch-ups %d, "+
-		"cards changed %d, duration %s\n", st.ID, st.State, st.Phase, st.Read, st.Skipped, st.Purchases, st.Contributions,
-		st.CatchUps, st.CardsChanged, took.Round(time.Millisecond))
+	fmt.Fprintf(w, "rebuild %s %s (phase %s): read %d, skipped %d, refused %d, purchases %d, contributions %d, "+
+		"catch-ups %d, cards changed %d, duration %s\n", st.ID, st.State, st.Phase, st.Read, st.Skipped, st.Refused,
+		st.Purchases, st.Contributions, st.CatchUps, st.CardsChanged, took.Round(time.Millisecond))
+	for _, rf := range st.RefusedRecords {
+		fmt.Fprintf(w, "  refused: partition %d offset %d (%s): %s\n", rf.Partition, rf.Offset, rf.Code, rf.Reason)
+	}
 }

@@ -29,8 +29,13 @@ type ReplicaReport struct {
 	Pending   int64 `json:"pending"`
 	Drifted   int   `json:"drifted"`
 	// Unreadable records break the contract (they went to the DLQ).
-	Unreadable int64           `json:"unreadable"`
-	Samples    []PurchaseDrift `json:"samples,omitempty"`
+	Unreadable int64 `json:"unreadable"`
+	// Refused records have a row PostgreSQL refused to store (the consumer
+	// dead-lettered them as sql_rejected): left out of the comparison.
+	// RefusedRecords names the first ones (Config.Samples).
+	Refused        int64           `json:"refused"`
+	RefusedRecords []boost.Refused `json:"refusedRecords,omitempty"`
+	Samples        []PurchaseDrift `json:"samples,omitempty"`
 }
 
 // PurchaseDrift is a purchase whose contributions differ from its latest event.
@@ -153,7 +158,15 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 		return r, err
 	}
 	var unreadable atomic.Int64
-	copied, err := a.stage(ctx, client, st.events, ranges, &unreadable)
+	refused := func(rf boost.Refused) {
+		a.cfg.Log.Warn("audit skipped a record PostgreSQL refused", "topic", a.cfg.Topic, "partition", rf.Partition,
+			"offset", rf.Offset, "code", rf.Code, "reason", rf.Reason)
+		r.Refused++ // one loader calls it at a time, before the report is read
+		if len(r.RefusedRecords) < a.cfg.Samples {
+			r.RefusedRecords = append(r.RefusedRecords, rf)
+		}
+	}
+	copied, err := a.stage(ctx, client, st.events, ranges, &unreadable, refused)
 	if err != nil {
 		return r, err
 	}
@@ -222,8 +235,8 @@ func (a *Auditor) plan(ctx context.Context, client *bounded.Client) ([]bounded.R
 // stage copies the records of ranges into t, a chunk per transaction, and
 // returns how many rows it committed.
 func (a *Auditor) stage(ctx context.Context, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
-	unreadable *atomic.Int64) (int64, error) {
-	loader, err := t.NewLoader(ctx, boost.LoaderConfig{DB: a.cfg.DB,
+	unreadable *atomic.Int64, refused func(boost.Refused)) (int64, error) {
+	loader, err := t.NewLoader(ctx, boost.LoaderConfig{DB: a.cfg.DB, Check: a.check, Refused: refused,
 		Skipped: func(int32, int64, error) { unreadable.Add(1) }})
 	if err != nil {
 		return 0, err
@@ -345,7 +358,7 @@ func (a *Auditor) settleAhead(ctx context.Context, client *bounded.Client, st st
 		}
 	}
 	var ignored atomic.Int64 // counted by a later check, once past the ends it reads
-	copied, err := a.stage(ctx, client, st.since, ranges, &ignored)
+	copied, err := a.stage(ctx, client, st.since, ranges, &ignored, func(boost.Refused) {})
 	if err != nil {
 		return fmt.Errorf("since the audit began: %w", err)
 	}

@@ -235,3 +235,19 @@ func RunUntilCleanup(t testing.TB, run func(context.Context) error, ready func()
 	require.Eventually(t, ready, 30*time.Second, 10*time.Millisecond, "router did not start")
 	return stop
 }
+
+// RefusedByPostgres is a record check (the rebuild's and the audit's
+// SetCheck seams) that checks each record as the consumer does, then gives
+// the event of purchase id at version an EndsAt that PostgreSQL refuses
+// (22008, timestamp out of range) in any form: the record stands for one
+// whose row PostgreSQL refuses, handed to the loader below the parser, which
+// refuses such a time itself.
+func RefusedByPostgres(id uuid.UUID, version int64) func(key, value []byte) (event.PurchaseChanged, error) {
+	return func(key, value []byte) (event.PurchaseChanged, error) {
+		ev, err := boost.CheckRecord(key, value)
+		if err == nil && ev.PurchaseId == id && ev.Version == version {
+			ev.EndsAt = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)
+		}
+		return ev, err
+	}
+}

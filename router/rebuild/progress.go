@@ -64,6 +64,7 @@ func (r *Rebuilder) finish(ctx context.Context, cur *run, b boost.Build, log *sl
 		return
 	}
 	log.Info("projection rebuild done", "offsetsTotal", st.OffsetsTotal, "read", st.Read, "skipped", st.Skipped,
+		"refused", st.Refused,
 		"purchases", st.Purchases, "contributions", st.Contributions, "catchUps", st.CatchUps, "cardsChanged", st.CardsChanged,
 		"tookMs", time.Since(cur.startedAt).Milliseconds())
 }

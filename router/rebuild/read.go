@@ -85,6 +85,12 @@ func (r *Rebuilder) copy(ctx context.Context, client *bounded.Client, t boost.Ev
 			log.Warn("rebuild skipped a record", "topic", r.cfg.Topic, "partition", partition, "offset", offset,
 				"code", code, "reason", violation.Error())
 		},
+		Refused: func(rf boost.Refused) {
+			cur.refused.add(rf)
+			log.Warn("rebuild skipped a record PostgreSQL refused", "topic", r.cfg.Topic, "partition", rf.Partition,
+				"offset", rf.Offset, "code", rf.Code, "reason", rf.Reason)
+		},
+		Check: r.check,
 		Committed: func(ctx context.Context, _ int64) error {
 			var err error
 			if at != "" {

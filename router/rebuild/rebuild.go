@@ -55,6 +55,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/bounded"
 )
 
@@ -70,6 +71,9 @@ type Rebuilder struct {
 
 	// hook is a test seam, run at each point when set (export_test.go).
 	hook func(context.Context, point) error
+	// check parses and checks each record read (boost.LoaderConfig.Check);
+	// nil: as the consumer does. A test seam (export_test.go).
+	check func(key, value []byte) (event.PurchaseChanged, error)
 }
 
 // point is a place in a rebuild where the test seam runs.
@@ -105,6 +109,7 @@ type run struct {
 	startedAt                                        time.Time
 	progress                                         bounded.Progress // offsets, records read and skipped, phase
 	purchases, contributions, catchUps, cardsChanged atomic.Int64
+	refused                                          refusals
 	// switched is set once the switch committed: the rebuild is done
 	// whatever follows.
 	switched atomic.Bool
@@ -115,10 +120,34 @@ type run struct {
 // status is the run's state with its counts now.
 func (c *run) status(state State) Status {
 	p := c.progress.Snapshot()
-	return Status{ID: c.id.String(), State: state, Phase: Phase(p.Phase), StartedAt: &c.startedAt,
+	refused, shown := c.refused.snapshot()
+	return Status{ID: c.id.String(), State: state, Phase: Phase(p.Phase), StartedAt: &c.startedAt, RefusedRecords: shown,
 		Counts: Counts{OffsetsDone: p.OffsetsDone, OffsetsTotal: p.OffsetsTotal, Read: p.Read, Skipped: p.Skipped,
-			Purchases: c.purchases.Load(), Contributions: c.contributions.Load(), CatchUps: c.catchUps.Load(),
-			CardsChanged: c.cardsChanged.Load()}}
+			Refused: refused, Purchases: c.purchases.Load(), Contributions: c.contributions.Load(),
+			CatchUps: c.catchUps.Load(), CardsChanged: c.cardsChanged.Load()}}
+}
+
+// refusals counts the records whose rows PostgreSQL refused, and keeps the
+// first refusedShown of them.
+type refusals struct {
+	mu    sync.Mutex
+	n     int64
+	shown refusedRecords
+}
+
+func (r *refusals) add(rf boost.Refused) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if len(r.shown) < refusedShown {
+		r.shown = append(r.shown, rf)
+	}
+}
+
+func (r *refusals) snapshot() (int64, refusedRecords) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n, append(refusedRecords(nil), r.shown...)
 }
 
 // New validates cfg (after defaults) and returns a Rebuilder.
@@ -289,7 +318,7 @@ func (r *Rebuilder) phase(ctx context.Context, cur *run, log *slog.Logger, p Pha
 	}
 	st := cur.status(StateRunning)
 	log.Info("rebuild phase done", "phase", p, "tookMs", time.Since(start).Milliseconds(), "read", st.Read,
-		"skipped", st.Skipped, "purchases", st.Purchases, "contributions", st.Contributions, "catchUps", st.CatchUps,
+		"skipped", st.Skipped, "refused", st.Refused, "purchases", st.Purchases, "contributions", st.Contributions, "catchUps", st.CatchUps,
 		"cardsChanged", st.CardsChanged)
 	return nil
 }
