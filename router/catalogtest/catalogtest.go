@@ -45,7 +45,13 @@ type Bundle struct {
 // partitions (as production creates it), a replay topic and a DLQ.
 func New(t testing.TB, enabled bool) *Bundle {
 	t.Helper()
-	url := pgtest.DatabaseURL(t)
+	return NewOn(t, pgtest.DatabaseURL(t), enabled)
+}
+
+// NewOn is New on the database at url (a private server's, say), which it
+// migrates.
+func NewOn(t testing.TB, url string, enabled bool) *Bundle {
+	t.Helper()
 	b := &Bundle{
 		DB: pgtest.Open(t, url), URL: url,
 		Cfg: router.CatalogConfig{

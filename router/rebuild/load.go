@@ -41,6 +41,6 @@ func slices(records int64, perSlice int) int {
 	return int(min(max((records+int64(perSlice)-1)/int64(perSlice), 1), maxSlices))
 }
 
-// maxSlices bounds the staging table's partitions: past 20M records at the
+// maxSlices bounds the staging table's partitions: past 10M records at the
 // default, slices grow rather than their number.
 const maxSlices = 1024
