@@ -113,14 +113,17 @@ type Loaded struct {
 const sortMemory = `SET LOCAL work_mem = '256MB'; SET LOCAL maintenance_work_mem = '256MB'`
 
 // LoadSliceTx builds the new replica's share of slice k of the staged
-// events, in tx: each purchase's latest event (EventTable.LatestSQL) gives
+// events, in tx, once it checked the slice holds its staged rows: each purchase's latest event (EventTable.LatestSQL) gives
 // one contribution per card target, as the consumer's version guard leaves
 // them, and its active weights go into the sums. A slice holds whole
 // purchases, so the slices add up to the whole replica; each is one
 // bounded transaction, which holds its xid only while it writes (the
 // latest events are sorted before the first row is written).
-func (b Build) LoadSliceTx(ctx context.Context, tx *sqlx.Tx, k int) (Loaded, error) {
+func (b Build) LoadSliceTx(ctx context.Context, tx *sqlx.Tx, k int, staged Staged) (Loaded, error) {
 	var out Loaded
+	if err := b.Events.Slice(k).CheckRows(ctx, tx, staged.Events[k]); err != nil {
+		return out, err
+	}
 	if _, err := tx.ExecContext(ctx, sortMemory); err != nil {
 		return out, fmt.Errorf("load new replica: %w", err)
 	}
@@ -144,10 +147,13 @@ func (b Build) LoadSliceTx(ctx context.Context, tx *sqlx.Tx, k int) (Loaded, err
 	return out, nil
 }
 
-// AnalyzeTx gathers the new replica's and the sums' statistics, in tx, so
-// that the consumer's statements are planned well on the replica from the
-// switch on.
-func (b Build) AnalyzeTx(ctx context.Context, tx *sqlx.Tx) error {
+// AnalyzeTx checks the sums hold their staged rows and gathers the new
+// replica's and the sums' statistics, in tx, so that the consumer's
+// statements are planned well on the replica from the switch on.
+func (b Build) AnalyzeTx(ctx context.Context, tx *sqlx.Tx, staged Staged) error {
+	if err := b.checkSumsTx(ctx, tx, staged.Sums); err != nil {
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, `ANALYZE `+b.contributions()+`; ANALYZE `+b.sums()); err != nil {
 		return fmt.Errorf("analyze new replica: %w", err)
 	}
@@ -156,9 +162,9 @@ func (b Build) AnalyzeTx(ctx context.Context, tx *sqlx.Tx) error {
 
 // Folded is what FoldTx folded in.
 type Folded struct {
-	// Purchases the tail names, and Contributions of the new replica it
-	// changed.
-	Purchases, Contributions int64
+	// Purchases the tail names, Contributions of the new replica it
+	// changed, and Targets it added to the sums.
+	Purchases, Contributions, Targets int64
 }
 
 // foldSQL folds the latest tail event of each purchase into the new replica
@@ -189,17 +195,22 @@ func (b Build) foldSQL() string {
 		INSERT INTO ` + b.sums() + ` AS s (target_kind, target_id, weight)
 		SELECT target_kind, target_id, d FROM delta WHERE d <> 0
 		ON CONFLICT (target_kind, target_id) DO UPDATE SET weight = s.weight + excluded.weight
-		RETURNING 1
 	)
-	SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written), (SELECT count(*) FROM summed)`
+	SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written), (SELECT count(*) FROM delta d WHERE d.d <> 0
+		AND NOT EXISTS (SELECT 1 FROM ` + b.sums() + ` s WHERE s.target_kind = d.target_kind AND s.target_id = d.target_id))`
 }
 
 // FoldTx folds the staged tail into the new replica and its sums, and
-// empties the tail, in tx.
-func (b Build) FoldTx(ctx context.Context, tx *sqlx.Tx) (Folded, error) {
+// empties the tail, in tx, once it checked both hold their staged rows.
+func (b Build) FoldTx(ctx context.Context, tx *sqlx.Tx, staged Staged) (Folded, error) {
 	var out Folded
-	var targets int64
-	if err := tx.QueryRowxContext(ctx, b.foldSQL()).Scan(&out.Purchases, &out.Contributions, &targets); err != nil {
+	if err := b.Tail.CheckRows(ctx, tx, staged.Tail); err != nil {
+		return out, err
+	}
+	if err := b.checkSumsTx(ctx, tx, staged.Sums); err != nil {
+		return out, err
+	}
+	if err := tx.QueryRowxContext(ctx, b.foldSQL()).Scan(&out.Purchases, &out.Contributions, &out.Targets); err != nil {
 		return out, fmt.Errorf("fold catch-up into new replica: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `TRUNCATE `+b.Tail.String()); err != nil {

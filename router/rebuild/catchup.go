@@ -23,18 +23,22 @@ func (r *Rebuilder) catchUp(ctx context.Context, client *bounded.Client, b boost
 			return ends, nil
 		}
 		cur.progress.Extend(ranges)
-		if _, err := r.copy(ctx, client, b.Tail, ranges, cur, log, ""); err != nil {
+		copied, err := r.copy(ctx, client, b.Tail, ranges, cur, log, "")
+		cur.staged.Tail += copied
+		if err != nil {
 			return nil, err
 		}
 		if err := r.at(ctx, pointCatchUp); err != nil {
 			return nil, err
 		}
+		var folded boost.Folded
 		if err := r.inTx(ctx, "fold catch-up", func(ctx context.Context, tx *sqlx.Tx) error {
-			_, err := b.FoldTx(ctx, tx)
+			folded, err = b.FoldTx(ctx, tx, cur.staged)
 			return err
 		}); err != nil {
 			return nil, err
 		}
+		cur.staged.Tail, cur.staged.Sums = 0, cur.staged.Sums+folded.Targets
 		cur.catchUps.Add(1)
 		ends = next
 	}

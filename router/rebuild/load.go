@@ -19,11 +19,12 @@ func (r *Rebuilder) load(ctx context.Context, b boost.Build, cur *run) error {
 		var loaded boost.Loaded
 		if err := r.inTx(ctx, "load new replica", func(ctx context.Context, tx *sqlx.Tx) error {
 			var err error
-			loaded, err = b.LoadSliceTx(ctx, tx, k)
+			loaded, err = b.LoadSliceTx(ctx, tx, k, cur.staged)
 			return err
 		}); err != nil {
 			return err
 		}
+		cur.staged.Sums += loaded.Targets
 		cur.purchases.Add(loaded.Purchases)
 		cur.contributions.Add(loaded.Contributions)
 		if k == 0 {

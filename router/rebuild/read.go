@@ -32,7 +32,11 @@ func (r *Rebuilder) read(ctx context.Context, client *bounded.Client, b boost.Bu
 		if err := r.at(ctx, pointEnds); err != nil {
 			return err
 		}
-		_, err := r.copy(ctx, client, b.Events, ranges, cur, log, pointRead)
+		copied, err := r.copy(ctx, client, b.Events, ranges, cur, log, pointRead)
+		if err != nil {
+			return err
+		}
+		cur.staged.Events, err = b.SealEvents(ctx, r.cfg.DB, copied)
 		return err
 	})
 	return ends, err

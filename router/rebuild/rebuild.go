@@ -110,6 +110,9 @@ type run struct {
 	progress                                         bounded.Progress // offsets, records read and skipped, phase
 	purchases, contributions, catchUps, cardsChanged atomic.Int64
 	refused                                          refusals
+	// staged is what the rebuild wrote to its unlogged tables, checked
+	// before each use (boost.Staged); only the rebuild's goroutine uses it.
+	staged boost.Staged
 	// switched is set once the switch committed: the rebuild is done
 	// whatever follows.
 	switched atomic.Bool
@@ -294,7 +297,7 @@ func (r *Rebuilder) build(ctx context.Context, client *bounded.Client, b boost.B
 	if err := r.phase(ctx, cur, log, PhaseLoad, func() error { return r.load(ctx, b, cur) }); err != nil {
 		return err
 	}
-	if err := r.phase(ctx, cur, log, PhaseCompute, func() error { return r.compute(ctx, b) }); err != nil {
+	if err := r.phase(ctx, cur, log, PhaseCompute, func() error { return r.compute(ctx, b, cur) }); err != nil {
 		return err
 	}
 	if err := r.phase(ctx, cur, log, PhaseCatchUp, func() error {
@@ -314,6 +317,9 @@ func (r *Rebuilder) phase(ctx context.Context, cur *run, log *slog.Logger, p Pha
 	cur.progress.SetPhase(string(p))
 	start := time.Now()
 	if err := do(); err != nil {
+		if boost.IsLost(err) {
+			return fmt.Errorf("rebuild %s: %w; nothing was switched in, the live projection is as it was: run the rebuild again", p, err)
+		}
 		return fmt.Errorf("rebuild %s: %w", p, err)
 	}
 	st := cur.status(StateRunning)

@@ -89,11 +89,13 @@ func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b bo
 		}
 		cur.progress.Extend(ranges)
 		// Copied in transactions of their own, which the switch's reads see.
-		if _, err := r.copy(ctx, client, b.Tail, ranges, cur, log, ""); err != nil {
+		n, err := r.copy(ctx, client, b.Tail, ranges, cur, log, "")
+		cur.staged.Tail += n
+		if err != nil {
 			return err
 		}
 		copied = next
-		if _, err := b.FoldTx(ctx, tx); err != nil {
+		if _, err := b.FoldTx(ctx, tx, cur.staged); err != nil {
 			return err
 		}
 		cards, err := b.SwitchTx(ctx, tx)
