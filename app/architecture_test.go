@@ -30,7 +30,7 @@ var mayImport = map[string][]string{
 	"router/kafkakit":                nil,
 	"router/kafkakit/kafkatest":      {"router/kafkakit", "handlers/tlstest"},
 	"router/bounded":                 {"router/kafkakit"},
-	"router/rebuild":                 {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
+	"router/rebuild":                 {"handlers/", "middleware", "router/bounded", "router/kafkakit", "sqlmigrate"},
 	"router/dlqreplay":               {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
 	"router/audit":                   {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
 	"router":                         {"handlers/", "middleware", "router/audit", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild"},

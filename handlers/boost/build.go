@@ -233,7 +233,9 @@ func LockProjectionTx(ctx context.Context, tx *sqlx.Tx) error {
 // LockProjectionTx and has folded the last tail in: it sets every card whose
 // boost differs to the formula over the build's sums (only promotion_boost is
 // written, INV-1), then drops the live replica and renames the new one, with
-// its indexes, into its place. It returns how many cards changed.
+// its indexes, into its place, once it refused a new replica that differs
+// from the live one and gave it the live one's owner, grants and storage
+// options (carry.go; a *ChangedError). It returns how many cards changed.
 //
 // Readers of the cards never wait. Readers of the replica wait from the
 // rename's ACCESS EXCLUSIVE lock to the commit. A statement that the consumer
@@ -246,6 +248,9 @@ func (b Build) SwitchTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
 	}
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE catalog.promotion_contributions IN ACCESS EXCLUSIVE MODE`); err != nil {
 		return 0, wrap("lock replica for the switch", err)
+	}
+	if err := b.carryOverTx(ctx, tx); err != nil {
+		return 0, err
 	}
 	renames, err := b.indexNames(ctx, tx)
 	if err != nil {
@@ -282,7 +287,7 @@ func (b Build) indexNames(ctx context.Context, tx *sqlx.Tx) (map[string]string, 
 		}
 	}
 	if len(out) != len(staged) || len(staged) != len(live) {
-		return nil, fmt.Errorf("pair replica indexes: the new replica's indexes %v differ from the live one's %v", staged, live)
+		return nil, &ChangedError{What: "indexes", Live: fmt.Sprint(live), Build: fmt.Sprint(staged)}
 	}
 	return out, nil
 }

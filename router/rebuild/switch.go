@@ -13,6 +13,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/sqlmigrate"
 )
 
 // switchGivingWay runs the switch until it commits or fails for another
@@ -74,6 +75,11 @@ func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b bo
 		// switch rolls back and the writers it held back go on.
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, r.cfg.SwitchWait.Milliseconds())); err != nil {
 			return fmt.Errorf("set the switch's lock timeout: %w", err)
+		}
+		// Before any table lock: a migration under way is waited for
+		// holding nothing, and none starts before the switch ends.
+		if err := sqlmigrate.HoldMigrationsTx(ctx, tx); err != nil {
+			return err
 		}
 		if err := boost.LockProjectionTx(ctx, tx); err != nil {
 			return err
