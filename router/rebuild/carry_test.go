@@ -109,10 +109,12 @@ func TestRebuild_SwitchKeepsGrantsAndRefusesAChangedTable(t *testing.T) {
 	// A migration that starts while the switch holds the projection waits.
 	migrated := make(chan error, 1)
 	rb := newRebuilder(t, b)
+	started := false
 	rb.SetHook(func(ctx context.Context, at rebuild.Point) error {
-		if at != rebuild.PointSwitchLocked {
+		if at != rebuild.PointSwitchLocked || started {
 			return nil
 		}
+		started = true
 		go func() {
 			_, err := sqlmigrate.Up(context.Background(), b.DB.DB)
 			migrated <- err

@@ -12,7 +12,7 @@
 //     those ends into a staging table (boost.EventTable, by COPY in chunks,
 //     each a short transaction of its own: boost.Copier), each checked as
 //     the consumer checks it; a record that breaks the contract is skipped
-//     and counted;
+//     and counted, and so is one whose row PostgreSQL refuses;
 //   - load: the new replica, and every target's sum of active weights, from
 //     each purchase's latest event, a slice of purchases per transaction
 //     (boost.Build.LoadSliceTx; Config.LoadSlice records a slice);
@@ -20,13 +20,25 @@
 //   - catch-up: copy the records that arrived past the last ends and fold
 //     them into the new replica and its sums with the consumer's version
 //     guard, round after round until few arrive (Config.SwitchRecords);
-//   - switch: one transaction holds the projection's writers back in the
-//     global lock order (handlers/boost/lock.go), reads the final ends, folds
-//     the last records in, gives every card whose boost changes its new value,
-//     renames the new replica into place and records the rebuild done. Each
-//     of its locks waits Config.SwitchWait at most: past it (a long reader
-//     of the replica) the switch rolls back, lets the writers go on, catches
-//     up and tries again.
+//   - switch: one transaction holds migrations back (sqlmigrate), then the
+//     projection's writers in the global lock order
+//     (handlers/boost/lock.go), reads the final ends, folds the last records
+//     in, gives every card whose boost changes its new value, renames the
+//     new replica into place once it matches the live one (and carries its
+//     grants and storage options: handlers/boost/carry.go) and records the
+//     rebuild done.
+//
+// The switch is bounded: each of its locks waits Config.SwitchWait at most,
+// each statement runs Config.SwitchStatementTimeout at most, each pause
+// between two lasts Config.SwitchIdleTimeout at most (past it PostgreSQL
+// ends the session, and its locks, of a rebuild cut off from it), and it
+// folds Config.SwitchMaxRecords at most. Past any of them it rolls back (it
+// gives way), lets the writers go on, catches up and tries again; the
+// records it read stay in the tail, so none is read or counted twice.
+//
+// No transaction of a rebuild holds an xid for long (every promotion relay of
+// the server waits for the oldest one): the read and the catch-ups commit a
+// chunk at a time, the load a slice at a time, and the switch is bounded.
 //
 // Nothing the live consumer applied is lost: the final ends are read while no
 // writer of the projection can commit, so every event it committed lies below
@@ -39,7 +51,10 @@
 // An interrupted rebuild (an error, Stop, or the process killed at any
 // point) leaves the live projection as it was: only the switch writes it, in
 // one transaction. Its tables are left behind, and the next rebuild drops
-// them before it starts afresh.
+// them before it starts afresh. A crash recovery or a failover empties the
+// unlogged ones while the rebuild goes on: the rebuild counts what it wrote
+// to them and every step checks the table it reads (boost.Staged), so such a
+// rebuild fails rather than switch in what is left.
 package rebuild
 
 import (
