@@ -145,29 +145,6 @@ func (c *run) status(state State) Status {
 			CatchUps: c.catchUps.Load(), CardsChanged: c.cardsChanged.Load()}}
 }
 
-// refusals counts the records whose rows PostgreSQL refused, and keeps the
-// first refusedShown of them.
-type refusals struct {
-	mu    sync.Mutex
-	n     int64
-	shown refusedRecords
-}
-
-func (r *refusals) add(rf boost.Refused) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.n++
-	if len(r.shown) < refusedShown {
-		r.shown = append(r.shown, rf)
-	}
-}
-
-func (r *refusals) snapshot() (int64, refusedRecords) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n, append(refusedRecords(nil), r.shown...)
-}
-
 // New validates cfg (after defaults) and returns a Rebuilder.
 func New(cfg Config) (*Rebuilder, error) {
 	cfg.setDefaults()

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -139,4 +140,27 @@ func saveStatus(ctx context.Context, q sqlx.ExecerContext, st Status) error {
 		return errors.Join(errLeaseLost, err)
 	}
 	return nil
+}
+
+// refusals counts the records whose rows PostgreSQL refused, and keeps the
+// first refusedShown of them.
+type refusals struct {
+	mu    sync.Mutex
+	n     int64
+	shown refusedRecords
+}
+
+func (r *refusals) add(rf boost.Refused) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if len(r.shown) < refusedShown {
+		r.shown = append(r.shown, rf)
+	}
+}
+
+func (r *refusals) snapshot() (int64, refusedRecords) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n, append(refusedRecords(nil), r.shown...)
 }
