@@ -5,7 +5,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -42,6 +44,15 @@ func (r *Rebuilder) switchGivingWay(ctx context.Context, client *bounded.Client,
 			return err
 		}
 	}
+}
+
+// connectionLost reports whether err is a database connection that broke:
+// lib/pq answers a statement on a connection the server or the network
+// closed with driver.ErrBadConn, the network's error, or an EOF.
+func connectionLost(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, driver.ErrBadConn) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // sessionEnded is a switch whose connection broke before it committed:
@@ -119,7 +130,7 @@ func (r *Rebuilder) switchOver(ctx context.Context, client *bounded.Client, b bo
 	copied := ends
 	err := r.inTx(ctx, "switch", func(ctx context.Context, tx *sqlx.Tx) error {
 		err := r.switchTx(ctx, tx, client, b, cur, log, ends, &copied)
-		if errors.Is(err, driver.ErrBadConn) {
+		if connectionLost(err) {
 			return &sessionEnded{err} // before the commit: nothing of the switch was committed
 		}
 		return err
