@@ -19,6 +19,7 @@ var mayImport = map[string][]string{
 	"handlers/retention":             nil,
 	"handlers/logtest":               nil,
 	"handlers/tlstest":               nil,
+	"handlers/nettest":               nil,
 	"handlers/outbox":                {"handlers/event"},
 	"handlers/boost":                 {"handlers/event"},
 	"handlers/purchase":              {"handlers/event", "handlers/outbox", "handlers/retention"},
@@ -30,7 +31,7 @@ var mayImport = map[string][]string{
 	"router/kafkakit":                nil,
 	"router/kafkakit/kafkatest":      {"router/kafkakit", "handlers/tlstest"},
 	"router/bounded":                 {"router/kafkakit"},
-	"router/rebuild":                 {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
+	"router/rebuild":                 {"handlers/", "middleware", "router/bounded", "router/kafkakit", "sqlmigrate"},
 	"router/dlqreplay":               {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
 	"router/audit":                   {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
 	"router":                         {"handlers/", "middleware", "router/audit", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild"},
@@ -46,7 +47,7 @@ var mayImport = map[string][]string{
 // testHelpers may be imported by any package's tests: they sit below every
 // layer (real PostgreSQL and Kafka for tests, captured logs, seeded purchases).
 var testHelpers = []string{"sqlmigrate/pgtest", "router/kafkakit", "router/kafkakit/kafkatest", "handlers/logtest", "handlers/tlstest",
-	"handlers/purchase/purchasetest", "handlers/event"}
+	"handlers/nettest", "handlers/purchase/purchasetest", "handlers/event"}
 
 // forbiddenInHandlers keeps the business rules free of Kafka, HTTP and flags.
 var forbiddenInHandlers = []string{"github.com/IBM/sarama", "github.com/ThreeDotsLabs/watermill-kafka", "net/http", "flag"}

@@ -93,10 +93,13 @@ func printAudit(w io.Writer, rep auditReport) {
 		fmt.Fprintf(w, "  %s %s: boost %d, replica says %d\n", d.Kind, d.ID, d.Stored, d.Want)
 	}
 	if r := rep.Replica; r != nil {
-		fmt.Fprintf(w, "replica: %d purchases on the topic, %d drifted, %d pending (not consumed yet), %d unreadable records\n",
-			r.Purchases, r.Drifted, r.Pending, r.Unreadable)
+		fmt.Fprintf(w, "replica: %d purchases on the topic, %d drifted, %d pending (not consumed yet), %d unreadable records, "+
+			"%d refused by PostgreSQL\n", r.Purchases, r.Drifted, r.Pending, r.Unreadable, r.Refused)
 		for _, d := range r.Samples {
 			fmt.Fprintf(w, "  %s: %s\n", d.PurchaseId, d.Problem)
+		}
+		for _, rf := range r.RefusedRecords {
+			fmt.Fprintf(w, "  refused: partition %d offset %d (%s): %s\n", rf.Partition, rf.Offset, rf.Code, rf.Reason)
 		}
 		if r.Drifted > 0 {
 			fmt.Fprintln(w, "  the replica is repaired by a DLQ replay or a projection rebuild (docs/runbooks/audit.md)")

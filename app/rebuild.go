@@ -36,6 +36,14 @@ func runRebuild(ctx context.Context, args []string) error {
 	s.int(&cfg.CatchUps, "catch-ups", "REBUILD_CATCH_UPS", rebuild.CatchUpsDefault, "most catch-ups before the switch")
 	s.dur(&cfg.SwitchWait, "switch-wait", "REBUILD_SWITCH_WAIT", rebuild.SwitchWaitDefault,
 		"longest the switch waits for a lock (a long reader of the replica) before it lets the writers go on and tries again")
+	s.int(&cfg.SwitchMaxRecords, "switch-max-records", "REBUILD_SWITCH_MAX_RECORDS", rebuild.SwitchMaxRecordsDefault,
+		"most records past the last catch-up the switch folds in while it holds the writers back; with more it gives way and catches up")
+	s.dur(&cfg.SwitchStatementTimeout, "switch-statement-timeout", "REBUILD_SWITCH_STATEMENT_TIMEOUT",
+		rebuild.SwitchStatementTimeoutDefault, "longest one statement of the switch runs before the switch gives way")
+	s.dur(&cfg.SwitchIdleTimeout, "switch-idle-timeout", "REBUILD_SWITCH_IDLE_TIMEOUT", rebuild.SwitchIdleTimeoutDefault,
+		"longest the switch's transaction pauses between two statements before PostgreSQL ends it, and its locks (a rebuild cut off from PostgreSQL)")
+	s.int(&cfg.LoadSlice, "load-slice", "REBUILD_LOAD_SLICE", rebuild.LoadSliceDefault,
+		"most records one transaction of the load builds the new replica from")
 	db, log, err := common.openCommand(ctx, s, args, "rebuild")
 	if err != nil {
 		return err
@@ -73,7 +81,10 @@ func runRebuild(ctx context.Context, args []string) error {
 
 // printRebuild writes the one line a rebuild ends with.
 func printRebuild(w io.Writer, st rebuild.Status, took time.Duration) {
-	fmt.Fprintf(w, "rebuild %s %s (phase %s): read %d, skipped %d, purchases %d, contributions %d, catch-ups %d, "+
-		"cards changed %d, duration %s\n", st.ID, st.State, st.Phase, st.Read, st.Skipped, st.Purchases, st.Contributions,
-		st.CatchUps, st.CardsChanged, took.Round(time.Millisecond))
+	fmt.Fprintf(w, "rebuild %s %s (phase %s): read %d, skipped %d, refused %d, purchases %d, contributions %d, "+
+		"catch-ups %d, cards changed %d, duration %s\n", st.ID, st.State, st.Phase, st.Read, st.Skipped, st.Refused,
+		st.Purchases, st.Contributions, st.CatchUps, st.CardsChanged, took.Round(time.Millisecond))
+	for _, rf := range st.RefusedRecords {
+		fmt.Fprintf(w, "  refused: partition %d offset %d (%s): %s\n", rf.Partition, rf.Offset, rf.Code, rf.Reason)
+	}
 }

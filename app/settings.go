@@ -30,7 +30,7 @@ func newSettings(name, summary string) *settings {
 			if def == "" {
 				def = `""`
 			}
-			fmt.Fprintf(out, "  --%-32s $%-31s default %s\n      %s\n", f.Name, s.envs[f.Name], def, f.Usage)
+			fmt.Fprintf(out, "  --%-32s $%-33s default %s\n      %s\n", f.Name, s.envs[f.Name], def, f.Usage)
 		})
 	}
 	return s

@@ -16,15 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/boost"
-	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/audit"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
@@ -93,9 +90,9 @@ func BenchmarkRebuild(b *testing.B) {
 }
 
 type rebuildBench struct {
-	c       *catalogtest.Bundle
-	events  int
-	objects [][2]uuid.UUID // project, object
+	c      *catalogtest.Bundle
+	events int
+	bulk   *catalogtest.Bulk
 }
 
 // newRebuildBench makes the cards and fills the topic with pre-encoded
@@ -103,50 +100,9 @@ type rebuildBench struct {
 func newRebuildBench(b *testing.B) *rebuildBench {
 	rb := &rebuildBench{c: catalogtest.New(b, true), events: rebuildEvents()}
 	rb.c.Cfg.Topic = kafkatest.TopicWith(b, kafkakit.Topic{Partitions: 48, CleanupPolicy: kafkakit.PolicyCompact})
-	var projects []uuid.UUID
-	var objects, homes []uuid.UUID
-	for range 50 {
-		p := uuid.New()
-		projects = append(projects, p)
-		for range 20 {
-			o := uuid.New()
-			objects, homes = append(objects, o), append(homes, p)
-			rb.objects = append(rb.objects, [2]uuid.UUID{p, o})
-		}
-	}
-	_, err := rb.c.DB.Exec(`INSERT INTO catalog.project_cards (id, status, visibility)
-		SELECT unnest($1::uuid[]), 'Published', 'Visible'`, pq.Array(projects))
-	require.NoError(b, err)
-	_, err = rb.c.DB.Exec(`INSERT INTO catalog.property_object_cards (id, project_id, published, status)
-		SELECT unnest($1::uuid[]), unnest($2::uuid[]), true, 'OnSale'`, pq.Array(objects), pq.Array(homes))
-	require.NoError(b, err)
-
-	cfg := kafkatest.Cluster(b).DurableProducerConfig("bench-rebuild")
-	cfg.Producer.Flush.MaxMessages = 5000
-	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(b), cfg)
-	require.NoError(b, err)
-	defer producer.Close()
-	batch := make([]*sarama.ProducerMessage, 0, 5000)
-	for i := range rb.events {
-		ev := rb.event(i)
-		msg, err := event.NewMessage(ev, "bench", time.Now())
-		require.NoError(b, err)
-		rec, err := kafka.DefaultMarshaler{}.Marshal(rb.c.Cfg.Topic, msg)
-		require.NoError(b, err)
-		rec.Key = sarama.StringEncoder(ev.PurchaseId.String())
-		if batch = append(batch, rec); len(batch) == cap(batch) || i == rb.events-1 {
-			require.NoError(b, producer.SendMessages(batch))
-			batch = batch[:0]
-		}
-	}
+	rb.bulk = catalogtest.NewBulk(b, rb.c)
+	rb.bulk.Produce(b, rb.c.Cfg.Topic, rb.events)
 	return rb
-}
-
-// event is the i-th purchase: Active on a project and one of its objects.
-func (rb *rebuildBench) event(i int) event.PurchaseChanged {
-	pair := rb.objects[(i*7919)%len(rb.objects)]
-	return catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%100,
-		catalogtest.Target(event.TargetProject, pair[0]), catalogtest.Target(event.TargetPropertyObject, pair[1]))
 }
 
 // rawCopy copies rows of the staging layout, one per event, straight into
@@ -165,7 +121,7 @@ func (rb *rebuildBench) rawCopy(b *testing.B) time.Duration {
 		"target_kinds", "target_ids", "part", "off"))
 	require.NoError(b, err)
 	for i := range rb.events {
-		ev := rb.event(i)
+		ev := rb.bulk.Event(i)
 		_, err := stmt.Exec(ev.PurchaseId.String(), ev.Version, string(ev.Status), ev.BoostWeight,
 			ev.EndsAt.Format(time.RFC3339Nano), "{Project,PropertyObject}",
 			"{"+ev.Targets[0].TargetId.String()+","+ev.Targets[1].TargetId.String()+"}", i%48, i)
@@ -196,7 +152,7 @@ func (rb *rebuildBench) readCards(b *testing.B) (stop func() []time.Duration) {
 				return
 			case <-t.C:
 			}
-			pair := rb.objects[i%len(rb.objects)]
+			pair := rb.bulk.Pairs[i%len(rb.bulk.Pairs)]
 			start := time.Now()
 			var err error
 			if i%2 == 0 {
@@ -292,11 +248,11 @@ func (rb *rebuildBench) check(b *testing.B) {
 	want := map[uuid.UUID]int{}
 	own := map[uuid.UUID]int{}
 	for i := range rb.events {
-		pair := rb.objects[(i*7919)%len(rb.objects)]
+		pair := rb.bulk.Pair(i)
 		want[pair[0]] += 1 + i%100
 		own[pair[1]] += 1 + i%100
 	}
-	for _, pair := range rb.objects {
+	for _, pair := range rb.bulk.Pairs {
 		want[pair[1]] = want[pair[0]] + own[pair[1]]
 	}
 	got := map[uuid.UUID]int{}

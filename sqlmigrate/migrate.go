@@ -116,6 +116,23 @@ func inLockedTx(ctx context.Context, db *sql.DB, what string, fn func(*sql.Tx) e
 	return nil
 }
 
+// HoldMigrationsTx holds migrations back until tx ends: it takes the
+// migrators' lock shared, so a migrator's transaction waits for tx, and tx
+// waits for a migration under way (for as long as its lock_timeout allows).
+// A projection rebuild's switch takes it first thing, before any table lock
+// (so that it never waits for a migration while it holds one), and checks
+// under it that the live tables are still those its build copied: a migration
+// that ran during the build makes the switch refuse, and one that starts
+// during the switch waits for it.
+func HoldMigrationsTx(ctx context.Context, tx interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}) error {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1)`, lockKey); err != nil {
+		return fmt.Errorf("hold migrations back: %w", err)
+	}
+	return nil
+}
+
 // Status lists every embedded migration with whether the database has it.
 func Status(ctx context.Context, db *sql.DB) (map[string]bool, error) {
 	all, err := All()

@@ -79,8 +79,8 @@ func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond)
 	done := b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body
 	require.Equal(t, r.Body["id"], done["id"])
-	for _, field := range []string{"phase", "offsetsDone", "offsetsTotal", "read", "skipped", "purchases", "contributions",
-		"catchUps", "cardsChanged"} {
+	for _, field := range []string{"phase", "offsetsDone", "offsetsTotal", "read", "skipped", "refused", "purchases",
+		"contributions", "catchUps", "cardsChanged"} {
 		require.Contains(t, done, field, "the status reports progress")
 	}
 }

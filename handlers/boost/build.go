@@ -13,8 +13,8 @@ import (
 
 // Build is a PromotionBoost projection built beside the live one (blue/green)
 // in tables of its own, named after its rebuild: the staged events of the
-// topic (Events, and Tail for each catch-up), the new contributions, and
-// every target's sum of active weights. Until SwitchTx nothing here touches
+// topic (Events, in slices, and Tail for each catch-up), the new
+// contributions, and every target's sum of active weights. Until SwitchTx nothing here touches
 // the live projection, which the consumer keeps serving and writing; a build
 // that stops anywhere leaves only its own tables, which DropBuilds removes.
 // Nothing here begins or commits a transaction.
@@ -54,7 +54,7 @@ func (b Build) sums() string { return b.table("sums") }
 func DropBuilds(ctx context.Context, db *sqlx.DB) error {
 	var tables []string
 	if err := db.SelectContext(ctx, &tables, `SELECT 'catalog.' || quote_ident(relname) FROM pg_class
-		WHERE relnamespace = 'catalog'::regnamespace AND relkind = 'r' AND relname ~ $1 ORDER BY relname`,
+		WHERE relnamespace = 'catalog'::regnamespace AND relkind IN ('r', 'p') AND relname ~ $1 ORDER BY relkind, relname`,
 		buildTablePattern); err != nil {
 		return fmt.Errorf("list rebuild tables: %w", err)
 	}
@@ -75,77 +75,96 @@ func (b Build) Drop(ctx context.Context, db *sqlx.DB) error {
 	return nil
 }
 
+// Sliced is b with its Events in n slices (EventTable.Sliced): the load
+// builds the new replica a slice per transaction.
+func (b Build) Sliced(n int) Build {
+	b.Events = b.Events.Sliced(n)
+	return b
+}
+
 // CreateTx creates the build's staging tables of events, empty.
 func (b Build) CreateTx(ctx context.Context, tx *sqlx.Tx) error {
 	return errors.Join(b.Events.CreateTx(ctx, tx), b.Tail.CreateTx(ctx, tx))
 }
 
-// Built is what LoadTx built.
-type Built struct {
-	// Purchases is how many purchases the new replica holds, Contributions
-	// how many contributions (one per purchase and card target).
-	Purchases, Contributions int64
+// CreateReplicaTx creates the new replica, empty, and its sums. The replica
+// is logged, with the live one's constraints and indexes, because it
+// becomes the live one.
+func (b Build) CreateReplicaTx(ctx context.Context, tx *sqlx.Tx) error {
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE `+b.contributions()+` (LIKE catalog.promotion_contributions INCLUDING ALL);
+		CREATE UNLOGGED TABLE `+b.sums()+` (target_kind text NOT NULL, target_id uuid NOT NULL, weight integer NOT NULL,
+			PRIMARY KEY (target_kind, target_id))`); err != nil {
+		return fmt.Errorf("create new replica: %w", err)
+	}
+	return nil
+}
+
+// Loaded is what LoadSliceTx loaded.
+type Loaded struct {
+	// Purchases is how many purchases the slice gave the new replica,
+	// Contributions how many contributions (one per purchase and card
+	// target), and Targets how many targets it added to the sums.
+	Purchases, Contributions, Targets int64
 }
 
 // sortMemory is the memory PostgreSQL may sort with in the build's
-// statements: the latest event of every purchase (about 200 bytes a
-// record) is sorted in memory rather than on disk up to a million records.
+// statements: the latest event of every purchase of a slice (about 200
+// bytes a record) is sorted in memory rather than on disk.
 const sortMemory = `SET LOCAL work_mem = '256MB'; SET LOCAL maintenance_work_mem = '256MB'`
 
-// LoadTx builds the new replica from the staged events, in tx: each
-// purchase's latest event (EventTable.LatestSQL) gives one contribution per
-// card target, as the consumer's version guard leaves them. The table is
-// logged, with the live one's constraints and indexes, because it becomes
-// the live one.
-func (b Build) LoadTx(ctx context.Context, tx *sqlx.Tx) (Built, error) {
-	var out Built
-	if _, err := tx.ExecContext(ctx, sortMemory+`;
-		CREATE TABLE `+b.contributions()+` (LIKE catalog.promotion_contributions INCLUDING ALL)`); err != nil {
-		return out, fmt.Errorf("create new replica: %w", err)
+// LoadSliceTx builds the new replica's share of slice k of the staged
+// events, in tx, once it checked the slice holds its staged rows: each purchase's latest event (EventTable.LatestSQL) gives
+// one contribution per card target, as the consumer's version guard leaves
+// them, and its active weights go into the sums. A slice holds whole
+// purchases, so the slices add up to the whole replica; each is one
+// bounded transaction, which holds its xid only while it writes (the
+// latest events are sorted before the first row is written).
+func (b Build) LoadSliceTx(ctx context.Context, tx *sqlx.Tx, k int, staged Staged) (Loaded, error) {
+	var out Loaded
+	if err := b.Events.Slice(k).CheckRows(ctx, tx, staged.Events[k]); err != nil {
+		return out, err
 	}
-	err := tx.QueryRowxContext(ctx, `WITH latest AS (`+b.Events.LatestSQL()+`), written AS (
+	if _, err := tx.ExecContext(ctx, sortMemory); err != nil {
+		return out, fmt.Errorf("load new replica: %w", err)
+	}
+	err := tx.QueryRowxContext(ctx, `WITH latest AS (`+b.Events.Slice(k).LatestSQL()+`), written AS (
 			INSERT INTO `+b.contributions()+` (purchase_id, target_kind, target_id, boost_weight, status, version, active, ends_at, updated_at)
 			SELECT l.purchase_id, t.kind, t.id, l.boost_weight, l.status, l.version, l.status = 'Active', l.ends_at, now()
 			FROM latest l, unnest(l.target_kinds, l.target_ids) AS t(kind, id)
-			RETURNING 1
+			RETURNING target_kind, target_id, boost_weight, active
+		), grouped AS (
+			SELECT target_kind, target_id, sum(boost_weight)::integer AS weight FROM written WHERE active GROUP BY 1, 2
+		), summed AS (
+			INSERT INTO `+b.sums()+` AS s (target_kind, target_id, weight) SELECT target_kind, target_id, weight FROM grouped
+			ON CONFLICT (target_kind, target_id) DO UPDATE SET weight = s.weight + excluded.weight
 		)
-		SELECT (SELECT count(*) FROM latest), (SELECT count(*) FROM written)`).Scan(&out.Purchases, &out.Contributions)
+		SELECT (SELECT count(*) FROM latest), (SELECT count(*) FROM written), (SELECT count(*) FROM grouped g
+			WHERE NOT EXISTS (SELECT 1 FROM `+b.sums()+` s WHERE s.target_kind = g.target_kind AND s.target_id = g.target_id))`).
+		Scan(&out.Purchases, &out.Contributions, &out.Targets)
 	if err != nil {
 		return out, fmt.Errorf("load new replica: %w", err)
 	}
 	return out, nil
 }
 
-// ComputeTx sums the active weights of every target of the new replica, in
-// tx, and returns how many targets have contributions. It also gathers the
-// new replica's statistics, so that the consumer's statements are planned
-// well on it from the switch on.
-func (b Build) ComputeTx(ctx context.Context, tx *sqlx.Tx) (int64, error) {
-	if _, err := tx.ExecContext(ctx, sortMemory+`;
-		CREATE UNLOGGED TABLE `+b.sums()+` (target_kind text NOT NULL, target_id uuid NOT NULL, weight integer NOT NULL,
-			PRIMARY KEY (target_kind, target_id))`); err != nil {
-		return 0, fmt.Errorf("create sums: %w", err)
-	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO `+b.sums()+` (target_kind, target_id, weight)
-		SELECT target_kind, target_id, sum(boost_weight) FROM `+b.contributions()+` WHERE active GROUP BY 1, 2`)
-	if err != nil {
-		return 0, fmt.Errorf("compute sums: %w", err)
-	}
-	targets, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("compute sums: %w", err)
+// AnalyzeTx checks the sums hold their staged rows and gathers the new
+// replica's and the sums' statistics, in tx, so that the consumer's
+// statements are planned well on the replica from the switch on.
+func (b Build) AnalyzeTx(ctx context.Context, tx *sqlx.Tx, staged Staged) error {
+	if err := b.checkSumsTx(ctx, tx, staged.Sums); err != nil {
+		return err
 	}
 	if _, err := tx.ExecContext(ctx, `ANALYZE `+b.contributions()+`; ANALYZE `+b.sums()); err != nil {
-		return 0, fmt.Errorf("analyze new replica: %w", err)
+		return fmt.Errorf("analyze new replica: %w", err)
 	}
-	return targets, nil
+	return nil
 }
 
 // Folded is what FoldTx folded in.
 type Folded struct {
-	// Purchases the tail names, and Contributions of the new replica it
-	// changed.
-	Purchases, Contributions int64
+	// Purchases the tail names, Contributions of the new replica it
+	// changed, and Targets it added to the sums.
+	Purchases, Contributions, Targets int64
 }
 
 // foldSQL folds the latest tail event of each purchase into the new replica
@@ -176,17 +195,22 @@ func (b Build) foldSQL() string {
 		INSERT INTO ` + b.sums() + ` AS s (target_kind, target_id, weight)
 		SELECT target_kind, target_id, d FROM delta WHERE d <> 0
 		ON CONFLICT (target_kind, target_id) DO UPDATE SET weight = s.weight + excluded.weight
-		RETURNING 1
 	)
-	SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written), (SELECT count(*) FROM summed)`
+	SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM written), (SELECT count(*) FROM delta d WHERE d.d <> 0
+		AND NOT EXISTS (SELECT 1 FROM ` + b.sums() + ` s WHERE s.target_kind = d.target_kind AND s.target_id = d.target_id))`
 }
 
 // FoldTx folds the staged tail into the new replica and its sums, and
-// empties the tail, in tx.
-func (b Build) FoldTx(ctx context.Context, tx *sqlx.Tx) (Folded, error) {
+// empties the tail, in tx, once it checked both hold their staged rows.
+func (b Build) FoldTx(ctx context.Context, tx *sqlx.Tx, staged Staged) (Folded, error) {
 	var out Folded
-	var targets int64
-	if err := tx.QueryRowxContext(ctx, b.foldSQL()).Scan(&out.Purchases, &out.Contributions, &targets); err != nil {
+	if err := b.Tail.CheckRows(ctx, tx, staged.Tail); err != nil {
+		return out, err
+	}
+	if err := b.checkSumsTx(ctx, tx, staged.Sums); err != nil {
+		return out, err
+	}
+	if err := tx.QueryRowxContext(ctx, b.foldSQL()).Scan(&out.Purchases, &out.Contributions, &out.Targets); err != nil {
 		return out, fmt.Errorf("fold catch-up into new replica: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `TRUNCATE `+b.Tail.String()); err != nil {
@@ -209,7 +233,9 @@ func LockProjectionTx(ctx context.Context, tx *sqlx.Tx) error {
 // LockProjectionTx and has folded the last tail in: it sets every card whose
 // boost differs to the formula over the build's sums (only promotion_boost is
 // written, INV-1), then drops the live replica and renames the new one, with
-// its indexes, into its place. It returns how many cards changed.
+// its indexes, into its place, once it refused a new replica that differs
+// from the live one and gave it the live one's owner, grants and storage
+// options (carry.go; a *ChangedError). It returns how many cards changed.
 //
 // Readers of the cards never wait. Readers of the replica wait from the
 // rename's ACCESS EXCLUSIVE lock to the commit. A statement that the consumer
@@ -222,6 +248,9 @@ func (b Build) SwitchTx(ctx context.Context, tx *sqlx.Tx) (int, error) {
 	}
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE catalog.promotion_contributions IN ACCESS EXCLUSIVE MODE`); err != nil {
 		return 0, wrap("lock replica for the switch", err)
+	}
+	if err := b.carryOverTx(ctx, tx); err != nil {
+		return 0, err
 	}
 	renames, err := b.indexNames(ctx, tx)
 	if err != nil {
@@ -258,7 +287,7 @@ func (b Build) indexNames(ctx context.Context, tx *sqlx.Tx) (map[string]string, 
 		}
 	}
 	if len(out) != len(staged) || len(staged) != len(live) {
-		return nil, fmt.Errorf("pair replica indexes: the new replica's indexes %v differ from the live one's %v", staged, live)
+		return nil, &ChangedError{What: "indexes", Live: fmt.Sprint(live), Build: fmt.Sprint(staged)}
 	}
 	return out, nil
 }

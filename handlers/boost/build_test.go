@@ -14,49 +14,64 @@ import (
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
-// built is a Build of evs (the records of one partition, in order), loaded
-// and computed: ready for its switch.
-func (b bundle) built(t *testing.T, evs ...event.PurchaseChanged) boost.Build {
+// testBuild is a Build and what was staged into it.
+type testBuild struct {
+	boost.Build
+	staged boost.Staged
+}
+
+// built is a Build of evs (the records of one partition, in order), in two
+// slices, loaded and analysed: ready for its switch.
+func (b bundle) built(t *testing.T, evs ...event.PurchaseChanged) *testBuild {
 	t.Helper()
 	ctx := context.Background()
-	build := boost.NewBuild(uuid.New())
+	build := &testBuild{Build: boost.NewBuild(uuid.New()).Sliced(2)}
 	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return build.CreateTx(ctx, tx) }))
-	b.stage(t, build.Events, evs...)
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-		_, err := build.LoadTx(ctx, tx)
-		return err
-	}))
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-		_, err := build.ComputeTx(ctx, tx)
-		return err
-	}))
+	var err error
+	build.staged.Events, err = build.SealEvents(ctx, b.db, b.stage(t, build.Events, evs...))
+	require.NoError(t, err)
+	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return build.CreateReplicaTx(ctx, tx) }))
+	for k := range build.Events.Slices() {
+		require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
+			loaded, err := build.LoadSliceTx(ctx, tx, k, build.staged)
+			build.staged.Sums += loaded.Targets
+			return err
+		}))
+	}
+	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return build.AnalyzeTx(ctx, tx, build.staged) }))
 	return build
 }
 
-// stage copies evs into table as records keyed by their PurchaseId.
-func (b bundle) stage(t *testing.T, table boost.EventTable, evs ...event.PurchaseChanged) {
+// stage copies evs into table as records keyed by their PurchaseId, and
+// returns how many rows it copied.
+func (b bundle) stage(t *testing.T, table boost.EventTable, evs ...event.PurchaseChanged) int64 {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error {
-		l, err := table.LoaderTx(ctx, tx, func(_ int32, _ int64, violation error) { t.Errorf("skipped: %v", violation) })
+	l, err := table.NewLoader(context.Background(), boost.LoaderConfig{DB: b.db,
+		Skipped: func(_ int32, _ int64, violation error) { t.Errorf("skipped: %v", violation) }})
+	require.NoError(t, err)
+	for i, ev := range evs {
+		payload, err := json.Marshal(ev)
 		require.NoError(t, err)
-		for i, ev := range evs {
-			payload, err := json.Marshal(ev)
-			require.NoError(t, err)
-			require.NoError(t, l.Add(0, int64(i), []byte(ev.PurchaseId.String()), payload))
-		}
-		return l.Close()
-	}))
+		require.NoError(t, l.Add(0, int64(i), []byte(ev.PurchaseId.String()), payload))
+	}
+	require.NoError(t, l.Close())
+	return l.Rows()
+}
+
+// stageTail copies evs into the build's tail.
+func (tb *testBuild) stageTail(t *testing.T, b bundle, evs ...event.PurchaseChanged) {
+	t.Helper()
+	tb.staged.Tail += b.stage(t, tb.Tail, evs...)
 }
 
 // switchTo is the switch's transaction: the writers held back, the tail
 // folded in, the build made live.
-func switchTo(build boost.Build, cards *int) step {
+func switchTo(build *testBuild, cards *int) step {
 	return func(ctx context.Context, tx *sqlx.Tx) error {
 		if err := boost.LockProjectionTx(ctx, tx); err != nil {
 			return err
 		}
-		if _, err := build.FoldTx(ctx, tx); err != nil {
+		if _, err := build.FoldTx(ctx, tx, build.staged); err != nil {
 			return err
 		}
 		n, err := build.SwitchTx(ctx, tx)
@@ -97,7 +112,7 @@ func TestBuild_SwitchReplacesTheReplicaAndWritesOnlyChangedBoosts(t *testing.T) 
 	newerC, staleB := evC, evB
 	newerC.BoostWeight, newerC.Version = 9, 2
 	staleB.BoostWeight, staleB.Version = 50, 1
-	b.stage(t, build.Tail, newerC, staleB)
+	build.stageTail(t, b, newerC, staleB)
 
 	var cards int
 	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return switchTo(build, &cards)(ctx, tx) }))

@@ -2,12 +2,8 @@ package boost
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -19,13 +15,20 @@ import (
 // table of PostgreSQL, so that the projection rebuild and the replica audit
 // work on any number of purchases in SQL and hold none of them in memory.
 // One row per record that the consumer would apply, with the record's
-// partition and offset.
+// partition and offset. The rows go in chunks of short transactions
+// (Copier), and a row PostgreSQL refuses is left out and reported rather
+// than failing the copy: on a compacted topic its record stays for ever.
 
-// EventTable is a staging table of purchase events: unlogged (a rebuild's)
-// or temporary (an audit's), never a table that must survive a crash.
+// EventTable is an unlogged staging table of purchase events in the catalog
+// schema (nothing of it is written to the WAL, so a crash empties it: the
+// rebuild and the audit count what they copy and check it before they read,
+// Build.SealEvents, EventTable.CheckRows). A sliced one is hash-partitioned
+// by purchase: each purchase's records lie in one slice, so that a
+// statement over one slice handles whole purchases.
 type EventTable struct {
-	// schema is empty for a temporary table.
 	schema, name string
+	// slices is the number of hash partitions; 0: a plain table.
+	slices int
 }
 
 // eventColumns are the staged rows: an event's fields, its distinct card
@@ -36,29 +39,79 @@ const eventColumnsDDL = `purchase_id uuid NOT NULL, version bigint NOT NULL, sta
 	boost_weight integer NOT NULL, ends_at timestamptz NOT NULL, target_kinds text[] NOT NULL,
 	target_ids uuid[] NOT NULL, part integer NOT NULL, off bigint NOT NULL`
 
-// TempEventTable is a temporary staging table of the session, dropped when
-// the transaction that creates it (CreateTx) ends.
-func TempEventTable(name string) EventTable { return EventTable{name: name} }
+// StagingTable is the unlogged staging table catalog.<name>, plain.
+func StagingTable(name string) EventTable { return EventTable{schema: "catalog", name: name} }
+
+// Sliced is t hash-partitioned by purchase into n slices (n < 1: one).
+func (t EventTable) Sliced(n int) EventTable {
+	t.slices = max(n, 1)
+	return t
+}
+
+// Slices is how many slices t has: 1 for a plain table.
+func (t EventTable) Slices() int { return max(t.slices, 1) }
+
+// Slice is slice k of t as a table of its own; a plain table's one slice is
+// itself.
+func (t EventTable) Slice(k int) EventTable {
+	if t.slices == 0 {
+		return t
+	}
+	return EventTable{schema: t.schema, name: fmt.Sprintf("%s_%d", t.name, k)}
+}
 
 // String is the table's name in SQL.
 func (t EventTable) String() string {
-	if t.schema == "" {
-		return pq.QuoteIdentifier(t.name)
-	}
 	return pq.QuoteIdentifier(t.schema) + "." + pq.QuoteIdentifier(t.name)
 }
 
-// CreateTx creates the table in tx, empty: temporary (dropped at commit) or
-// unlogged (nothing of it is written to the WAL).
-func (t EventTable) CreateTx(ctx context.Context, tx *sqlx.Tx) error {
-	ddl := `CREATE UNLOGGED TABLE ` + t.String() + ` (` + eventColumnsDDL + `)`
-	if t.schema == "" {
-		ddl = `CREATE TEMPORARY TABLE ` + t.String() + ` (` + eventColumnsDDL + `) ON COMMIT DROP`
+// CreateSQL creates the table, empty, with its slices. The parent of a
+// sliced table holds no rows itself (and PostgreSQL 18 refuses an unlogged
+// partitioned table): its slices are the unlogged tables.
+func (t EventTable) CreateSQL() string {
+	if t.slices == 0 {
+		return `CREATE UNLOGGED TABLE ` + t.String() + ` (` + eventColumnsDDL + `)`
 	}
-	if _, err := tx.ExecContext(ctx, ddl); err != nil {
+	stmts := []string{`CREATE TABLE ` + t.String() + ` (` + eventColumnsDDL + `) PARTITION BY HASH (purchase_id)`}
+	for k := range t.slices {
+		stmts = append(stmts, fmt.Sprintf(`CREATE UNLOGGED TABLE %s PARTITION OF %s FOR VALUES WITH (MODULUS %d, REMAINDER %d)`,
+			t.Slice(k), t, t.slices, k))
+	}
+	return strings.Join(stmts, ";\n")
+}
+
+// CreateTx creates the table in tx (CreateSQL).
+func (t EventTable) CreateTx(ctx context.Context, tx *sqlx.Tx) error {
+	if _, err := tx.ExecContext(ctx, t.CreateSQL()); err != nil {
 		return fmt.Errorf("create staging table %s: %w", t, err)
 	}
 	return nil
+}
+
+// CheckRows fails with a *LostError unless t holds want rows.
+func (t EventTable) CheckRows(ctx context.Context, q sqlx.QueryerContext, want int64) error {
+	var have int64
+	if err := sqlx.GetContext(ctx, q, &have, `SELECT count(*) FROM `+t.String()); err != nil {
+		return fmt.Errorf("count %s: %w", t, err)
+	}
+	if have != want {
+		return &LostError{Table: t.String(), Have: have, Want: want}
+	}
+	return nil
+}
+
+// LostError is a staging table that holds other than the rows copied into
+// it: PostgreSQL empties an unlogged table in its crash recovery, and a
+// failover leaves it empty on the new primary, while database/sql reconnects
+// and the copier's user goes on.
+type LostError struct {
+	Table      string
+	Have, Want int64
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("staging table %s holds %d rows, %d were copied into it: PostgreSQL emptied it (crash recovery "+
+		"and a failover empty unlogged tables)", e.Table, e.Have, e.Want)
 }
 
 // LatestSQL is each purchase's latest staged event: the highest Version and,
@@ -72,45 +125,87 @@ func (t EventTable) LatestSQL() string {
 		ORDER BY purchase_id, version DESC, part DESC, off DESC`
 }
 
-// Loader copies records into an EventTable with one COPY, in the caller's
-// transaction. It is safe for concurrent use: each partition's reader parses
-// its own records, and their rows share the COPY stream.
-type Loader struct {
-	mu     sync.Mutex
-	stmt   *sql.Stmt
-	closed bool
-	rows   atomic.Int64
-	onSkip func(partition int32, offset int64, violation error)
-}
-
-// LoaderTx starts a COPY into t in tx; Close ends it. onSkip, when set, is
-// told of each record that breaks the contract (Add).
-func (t EventTable) LoaderTx(ctx context.Context, tx *sqlx.Tx, onSkip func(partition int32, offset int64, violation error)) (*Loader, error) {
-	query := pq.CopyInSchema(t.schema, t.name, eventColumns...)
-	if t.schema == "" {
-		query = pq.CopyIn(t.name, eventColumns...)
-	}
-	stmt, err := tx.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, fmt.Errorf("copy into %s: %w", t, err)
-	}
-	return &Loader{stmt: stmt, onSkip: onSkip}, nil
-}
-
-// Add checks one record as the consumer does (event.Parse, then
-// event.CheckKey on the record's key) and copies its row. A record that
-// breaks the contract copies nothing, and onSkip gets its
-// *event.ContractError or *event.KeyError: the consumer dead-letters it. An
-// event without Project or PropertyObject targets copies nothing either: the
-// consumer acks it as a no-op. The error is the COPY's.
-func (l *Loader) Add(partition int32, offset int64, key, value []byte) error {
+// CheckRecord parses a record's value and checks its key as the consumer
+// does (event.Parse, then event.CheckKey): an error is a
+// *event.ContractError or an *event.KeyError, which the consumer
+// dead-letters.
+func CheckRecord(key, value []byte) (event.PurchaseChanged, error) {
 	ev, err := event.Parse(value)
-	if err == nil {
-		err = event.CheckKey(key, ev)
-	}
 	if err != nil {
-		if l.onSkip != nil {
-			l.onSkip(partition, offset, err)
+		return ev, err
+	}
+	return ev, event.CheckKey(key, ev)
+}
+
+// Refused is a record whose row PostgreSQL refused to store (the consumer's
+// apply refuses it too and dead-letters it as sql_rejected).
+type Refused struct {
+	Partition int32 `json:"partition"`
+	Offset    int64 `json:"offset"`
+	// Code is the SQLSTATE, Reason PostgreSQL's message.
+	Code   string `json:"code"`
+	Reason string `json:"reason"`
+}
+
+// LoaderConfig configures a Loader.
+type LoaderConfig struct {
+	// DB takes the rows, a chunk per transaction (Copier). Required.
+	DB *sqlx.DB
+	// ChunkRows is the most rows one transaction copies. Defaults to
+	// CopyChunkRowsDefault.
+	ChunkRows int
+	// Skipped, when set, is told of each record that breaks the contract:
+	// it is not copied.
+	Skipped func(partition int32, offset int64, violation error)
+	// Refused, when set, is told of each record whose row PostgreSQL
+	// refused: it is left out and the others are copied. Nil: a refused row
+	// fails the load.
+	Refused func(Refused)
+	// Committed, when set, runs after each chunk commits, with the rows
+	// committed so far; an error ends the load.
+	Committed func(ctx context.Context, rows int64) error
+	// Check parses and checks a record. Defaults to CheckRecord; a test may
+	// hand the loader an event that the parser would refuse.
+	Check func(key, value []byte) (event.PurchaseChanged, error)
+}
+
+// Loader copies records into an EventTable, in chunks that each commit in a
+// transaction of their own. It is safe for concurrent use: each partition's
+// reader parses its own records, and their rows share the chunks.
+type Loader struct {
+	copier *Copier
+	cfg    LoaderConfig
+}
+
+// NewLoader starts copying records into t; Close ends it. ctx bounds every
+// chunk's transaction.
+func (t EventTable) NewLoader(ctx context.Context, cfg LoaderConfig) (*Loader, error) {
+	if cfg.Check == nil {
+		cfg.Check = CheckRecord
+	}
+	ccfg := CopyConfig{DB: cfg.DB, Schema: t.schema, Table: t.name, Columns: eventColumns, ChunkRows: cfg.ChunkRows,
+		Committed: cfg.Committed}
+	if cfg.Refused != nil {
+		ccfg.Refused = func(row []any, err *pq.Error) {
+			cfg.Refused(Refused{Partition: row[7].(int32), Offset: row[8].(int64), Code: string(err.Code), Reason: err.Message})
+		}
+	}
+	c, err := NewCopier(ctx, ccfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Loader{copier: c, cfg: cfg}, nil
+}
+
+// Add checks one record (LoaderConfig.Check) and copies its row. A record
+// that breaks the contract copies nothing, and Skipped gets its error. An
+// event without Project or PropertyObject targets copies nothing either: the
+// consumer acks it as a no-op. The error is the copy's.
+func (l *Loader) Add(partition int32, offset int64, key, value []byte) error {
+	ev, err := l.cfg.Check(key, value)
+	if err != nil {
+		if l.cfg.Skipped != nil {
+			l.cfg.Skipped(partition, offset, err)
 		}
 		return nil
 	}
@@ -119,42 +214,16 @@ func (l *Loader) Add(partition int32, offset int64, key, value []byte) error {
 		return nil
 	}
 	kinds, ids := targetArrays(projects, objects)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return errors.New("copy events: the loader is closed")
-	}
 	// Text values: lib/pq copies them as they are (a []byte would go as bytea).
-	if _, err := l.stmt.Exec(ev.PurchaseId.String(), ev.Version, string(ev.Status), ev.BoostWeight,
-		timestamptz(ev.EndsAt), kinds, ids, partition, offset); err != nil {
-		return fmt.Errorf("copy events: %w", err)
-	}
-	l.rows.Add(1)
-	return nil
+	return l.copier.Add(ev.PurchaseId.String(), ev.Version, string(ev.Status), ev.BoostWeight,
+		timestamptz(ev.EndsAt), kinds, ids, partition, offset)
 }
 
-// Rows is how many rows were copied so far.
-func (l *Loader) Rows() int64 { return l.rows.Load() }
+// Rows is how many rows were committed so far.
+func (l *Loader) Rows() int64 { return l.copier.Rows() }
 
-// Close ends the COPY: the rows are in the table once it returns nil, and
-// visible to others once the transaction commits.
-func (l *Loader) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return nil
-	}
-	l.closed = true
-	_, err := l.stmt.Exec()
-	return errors.Join(wrapCopy(err), l.stmt.Close())
-}
-
-func wrapCopy(err error) error {
-	if err != nil {
-		return fmt.Errorf("end copy of events: %w", err)
-	}
-	return nil
-}
+// Close copies what is left: every row is committed once it returns nil.
+func (l *Loader) Close() error { return l.copier.Close() }
 
 // targetArrays are the PostgreSQL array literals of an event's distinct card
 // targets: their kinds and ids, projects first.

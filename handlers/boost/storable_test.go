@@ -27,8 +27,9 @@ import (
 // JSON), because a whole payload's bytes mutated at random almost never
 // parse: in a 15 s trial none did but the seeds, of 176,000 inputs, where
 // members mutated gave 700 accepted events of 50,000. The payload's syntax
-// is FuzzParse_AgreesWithTheSchema's. Each input runs in one transaction on
-// the one connection, rolled back.
+// is FuzzParse_AgreesWithTheSchema's. Each input's applies run in one
+// transaction on the one connection, rolled back; its staging row is copied
+// as a rebuild copies (a chunk committed by the loader), then deleted.
 func FuzzParse_AcceptedEventsAreStorable(f *testing.F) {
 	for _, in := range storableSeeds() {
 		f.Add(in.PurchaseId, in.TenantId, in.PackageKind, in.Targets, in.BoostWeight, in.Status, in.PaymentStatus,
@@ -44,7 +45,11 @@ func FuzzParse_AcceptedEventsAreStorable(f *testing.F) {
 		name  string
 		apply func(context.Context, *sqlx.Tx, []event.PurchaseChanged) ([]boost.Outcome, error)
 	}{{"the prepared apply statement", prepared.ApplyBatch}, {"the apply statement", boost.ApplyBatch}}
-	staging := boost.TempEventTable("storable_events")
+	staging := boost.StagingTable("storable_events")
+	tx, err := db.BeginTxx(ctx, nil)
+	require.NoError(f, err)
+	require.NoError(f, staging.CreateTx(ctx, tx))
+	require.NoError(f, tx.Commit())
 
 	f.Fuzz(func(t *testing.T, purchaseID, tenantID, packageKind, targets string, boostWeight int64,
 		status, paymentStatus, startsAt, endsAt string, version int64) {
@@ -63,7 +68,7 @@ func FuzzParse_AcceptedEventsAreStorable(f *testing.F) {
 		}
 		tx, err := db.BeginTxx(ctx, nil)
 		require.NoError(t, err)
-		defer tx.Rollback() //nolint:errcheck // the input leaves nothing behind
+		defer tx.Rollback() //nolint:errcheck // rolled back below
 
 		for _, a := range appliers {
 			_, err := tx.ExecContext(ctx, `SAVEPOINT apply`)
@@ -77,11 +82,13 @@ func FuzzParse_AcceptedEventsAreStorable(f *testing.F) {
 			require.NoError(t, err)
 		}
 
-		require.NoError(t, staging.CreateTx(ctx, tx))
-		loader, err := staging.LoaderTx(ctx, tx, func(_ int32, _ int64, violation error) {
+		require.NoError(t, tx.Rollback())
+
+		loader, err := staging.NewLoader(ctx, boost.LoaderConfig{DB: db, Skipped: func(_ int32, _ int64, violation error) {
 			t.Errorf("the staging loader skips an accepted event: %v\n%s", violation, payload)
-		})
+		}})
 		require.NoError(t, err)
+		defer db.MustExec(`DELETE FROM ` + staging.String())
 		if err := loader.Add(0, 0, []byte(ev.PurchaseId.String()), payload); err != nil {
 			t.Fatalf("the staging COPY refuses an accepted event: %v\n%s", err, payload)
 		}
@@ -89,7 +96,7 @@ func FuzzParse_AcceptedEventsAreStorable(f *testing.F) {
 			t.Fatalf("the staging COPY refuses an accepted event: %v\n%s", err, payload)
 		}
 		staged := min(rows, 1) // one row per event with card targets
-		requireStoredAt(t, tx, ev.EndsAt, staged, "the staging COPY",
+		requireStoredAt(t, db, ev.EndsAt, staged, "the staging COPY",
 			`SELECT ends_at FROM `+staging.String()+` WHERE purchase_id = $1`, ev.PurchaseId)
 	})
 }
@@ -97,12 +104,12 @@ func FuzzParse_AcceptedEventsAreStorable(f *testing.F) {
 // requireStoredAt checks that query (of one timestamptz column, ends_at)
 // returns rows rows, each the instant want to the microsecond: PostgreSQL
 // rounds the nanoseconds the contract allows to the nearest microsecond.
-func requireStoredAt(t *testing.T, tx *sqlx.Tx, want time.Time, rows int, by, query string, args ...any) {
+func requireStoredAt(t *testing.T, q sqlx.Queryer, want time.Time, rows int, by, query string, args ...any) {
 	t.Helper()
 	// The epoch in microseconds, computed by PostgreSQL: a time.Time read
 	// back would go through lib/pq's parser of years BC as well.
 	var stored []int64
-	require.NoError(t, tx.Select(&stored,
+	require.NoError(t, sqlx.Select(q, &stored,
 		`SELECT (extract(epoch FROM ends_at) * 1000000)::bigint FROM (`+query+`) q`, args...))
 	if len(stored) != rows {
 		t.Fatalf("%s stored %d rows of an accepted event, want %d (EndsAt %s)", by, len(stored), rows, want.Format(time.RFC3339Nano))

@@ -51,6 +51,20 @@ func (l *Logs) Find(level slog.Level, msg string) []map[string]string {
 	return out
 }
 
+// All returns every record, each as its message and its attributes in one
+// line, for tests that assert what no log holds.
+func (l *Logs) All() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.records))
+	for _, r := range l.records {
+		line := r.Message
+		r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+		out = append(out, line)
+	}
+	return out
+}
+
 type derived struct {
 	root  *Logs
 	attrs []slog.Attr

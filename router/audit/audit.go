@@ -67,6 +67,9 @@ type Auditor struct {
 	cfg Config
 	// Test seam, run once the replica check read the topic's end offsets.
 	afterEnds func(context.Context) error
+	// check parses and checks each record read (boost.LoaderConfig.Check);
+	// nil: as the consumer does. A test seam (export_test.go).
+	check func(key, value []byte) (event.PurchaseChanged, error)
 }
 
 // New validates cfg (after defaults) and returns an Auditor.

@@ -1,20 +1,14 @@
 package audit
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 
-	"github.com/IBM/sarama"
 	"github.com/google/uuid"
-	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/promoflow/promoflow/handlers/boost"
-	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/bounded"
 )
 
@@ -27,8 +21,13 @@ type ReplicaReport struct {
 	Pending   int64 `json:"pending"`
 	Drifted   int   `json:"drifted"`
 	// Unreadable records break the contract (they went to the DLQ).
-	Unreadable int64           `json:"unreadable"`
-	Samples    []PurchaseDrift `json:"samples,omitempty"`
+	Unreadable int64 `json:"unreadable"`
+	// Refused records have a row PostgreSQL refused to store (the consumer
+	// dead-lettered them as sql_rejected): left out of the comparison.
+	// RefusedRecords names the first ones (Config.Samples).
+	Refused        int64           `json:"refused"`
+	RefusedRecords []boost.Refused `json:"refusedRecords,omitempty"`
+	Samples        []PurchaseDrift `json:"samples,omitempty"`
 }
 
 // PurchaseDrift is a purchase whose contributions differ from its latest event.
@@ -37,35 +36,13 @@ type PurchaseDrift struct {
 	Problem    string    `json:"problem"`
 }
 
-// latest is what the replica must hold for one purchase.
-type latest struct {
-	version int64
-	active  bool
-	weight  int
-	targets []event.Target // Project and PropertyObject only, sorted
-}
-
-type contribution struct {
-	PurchaseID uuid.UUID `db:"purchase_id"`
-	Kind       string    `db:"target_kind"`
-	TargetID   uuid.UUID `db:"target_id"`
-	Version    int64     `db:"version"`
-	Active     bool      `db:"active"`
-	Weight     int       `db:"boost_weight"`
-}
-
-// The staging tables of a replica check: temporary, of its one transaction.
-var (
-	auditEvents = boost.TempEventTable("audit_events") // the records up to the ends read
-	auditSince  = boost.TempEventTable("audit_since")  // the records past them, read after the replica
-)
-
 // Replica reads the whole purchase topic up to its end now into a staging
-// table of PostgreSQL (COPY), and compares each purchase's newest event with
-// the replica's contributions in SQL: its memory does not grow with the
-// topic. A purchase whose replica differs is pending, not drift, when the
-// catalog consumer has not consumed one of its records yet and the replica
-// is behind the topic; a replica at the topic's newest version is compared,
+// table of PostgreSQL (COPY, a chunk per short transaction), and compares
+// each purchase's newest event with the replica's contributions in one SQL
+// statement that writes nothing: its memory does not grow with the topic,
+// and no transaction of it holds an xid for longer than a chunk. A purchase
+// whose replica differs is pending, not drift, when the catalog consumer has
+// not consumed one of its records yet and the replica is behind the topic; a replica at the topic's newest version is compared,
 // whatever the group's offsets say (a rebuild builds the replica from the
 // topic without moving them).
 //
@@ -88,31 +65,50 @@ func (a *Auditor) Replica(ctx context.Context) (ReplicaReport, error) {
 	if err != nil {
 		return r, err
 	}
-	tx, err := a.cfg.DB.BeginTxx(ctx, nil)
-	if err != nil {
-		return r, fmt.Errorf("begin replica check: %w", err)
+	st := newStaging()
+	defer func() {
+		if err := st.drop(context.WithoutCancel(ctx), a.cfg.DB); err != nil {
+			a.cfg.Log.Warn("replica check tables not dropped; the next check drops them a day on", "error", err.Error())
+		}
+	}()
+	if err := st.create(ctx, a.cfg.DB); err != nil {
+		return r, err
 	}
-	defer tx.Rollback() //nolint:errcheck // the staging tables go with it
 	var unreadable atomic.Int64
-	if err := a.stage(ctx, tx, client, auditEvents, ranges, &unreadable); err != nil {
-		return r, err
+	refused := func(rf boost.Refused) {
+		a.cfg.Log.Warn("audit skipped a record PostgreSQL refused", "topic", a.cfg.Topic, "partition", rf.Partition,
+			"offset", rf.Offset, "code", rf.Code, "reason", rf.Reason)
+		r.Refused++ // one loader calls it at a time, before the report is read
+		if len(r.RefusedRecords) < a.cfg.Samples {
+			r.RefusedRecords = append(r.RefusedRecords, rf)
+		}
 	}
-	ahead, err := classifyTx(ctx, tx, committed)
+	copied, err := a.stage(ctx, client, st.events, ranges, &unreadable, refused)
 	if err != nil {
 		return r, err
+	}
+	ahead, err := a.classify(ctx, st, committed)
+	if err != nil {
+		return r, err
+	}
+	// Checked after the comparison: a table emptied before or during it is
+	// still empty now.
+	if err := st.events.CheckRows(ctx, a.cfg.DB, copied); err != nil {
+		return r, fmt.Errorf("replica check: %w; run it again", err)
 	}
 	if ahead > 0 {
-		if err := a.settleAhead(ctx, tx, client, ranges, &unreadable); err != nil {
+		if err := a.settleAhead(ctx, client, st, ranges); err != nil {
 			return r, err
 		}
 	}
-	if err := tx.GetContext(ctx, &r, `SELECT count(*) FILTER (WHERE on_topic OR state = 'pending') AS purchases,
+	if err := a.cfg.DB.GetContext(ctx, &r, `SELECT (SELECT count(DISTINCT purchase_id) FROM `+st.events.String()+`)
+			+ count(*) FILTER (WHERE NOT on_topic AND state = 'pending') AS purchases,
 		count(*) FILTER (WHERE state = 'pending') AS pending, count(*) FILTER (WHERE state = 'drift') AS drifted
-		FROM audit_outcome`); err != nil {
+		FROM `+st.outcome()); err != nil {
 		return r, fmt.Errorf("count replica check: %w", err)
 	}
 	r.Unreadable = unreadable.Load()
-	if r.Samples, err = a.samples(ctx, tx); err != nil {
+	if r.Samples, err = a.samples(ctx, st); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -151,196 +147,4 @@ func (a *Auditor) plan(ctx context.Context, client *bounded.Client) ([]bounded.R
 		}
 	}
 	return ranges, committed, nil
-}
-
-// stage creates t in tx and copies the records of ranges into it.
-func (a *Auditor) stage(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, t boost.EventTable, ranges []bounded.Range,
-	unreadable *atomic.Int64) error {
-	if err := t.CreateTx(ctx, tx); err != nil {
-		return err
-	}
-	loader, err := t.LoaderTx(ctx, tx, func(int32, int64, error) { unreadable.Add(1) })
-	if err != nil {
-		return err
-	}
-	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
-		return loader.Add(rec.Partition, rec.Offset, rec.Key, rec.Value)
-	}, nil)
-	if err := errors.Join(err, loader.Close()); err != nil {
-		return fmt.Errorf("read %s: %w", a.cfg.Topic, err)
-	}
-	return nil
-}
-
-// classifySQL sorts every purchase of the topic read or of the replica into
-// audit_outcome: ok (the replica holds the newest event's contributions),
-// drift, pending (a record not consumed yet, and a replica behind the
-// topic), or ahead (the replica is newer than the records read: settled by
-// the records since, settleAheadSQL). $1 and $2 are the group's committed
-// offsets by partition.
-var classifySQL = `CREATE TEMPORARY TABLE audit_outcome ON COMMIT DROP AS
-	WITH committed AS (SELECT * FROM unnest($1::integer[], $2::bigint[]) AS c(part, off)),
-	unconsumed AS (
-		SELECT DISTINCT e.purchase_id FROM ` + auditEvents.String() + ` e LEFT JOIN committed c ON c.part = e.part
-		WHERE c.off IS NULL OR e.off >= c.off
-	), newest AS (` + auditEvents.LatestSQL() + `),
-	expected AS (
-		SELECT n.purchase_id, t.kind, t.id, n.version, n.status = 'Active' AS active, n.boost_weight
-		FROM newest n, unnest(n.target_kinds, n.target_ids) AS t(kind, id)
-	), replica AS (
-		SELECT purchase_id, count(*) AS rows, max(version) AS version FROM catalog.promotion_contributions GROUP BY 1
-	), matched AS (
-		SELECT x.purchase_id, count(*) AS rows FROM expected x JOIN catalog.promotion_contributions c
-			ON (c.purchase_id, c.target_kind, c.target_id, c.version, c.active, c.boost_weight)
-			 = (x.purchase_id, x.kind, x.id, x.version, x.active, x.boost_weight)
-		GROUP BY 1
-	)
-	SELECT coalesce(n.purchase_id, r.purchase_id) AS purchase_id, n.purchase_id IS NOT NULL AS on_topic,
-		r.version AS replica_version, n.version, n.status, n.boost_weight, n.target_kinds, n.target_ids,
-		CASE
-			WHEN n.purchase_id IS NOT NULL AND coalesce(r.rows, 0) = cardinality(n.target_ids)
-				AND coalesce(m.rows, 0) = cardinality(n.target_ids) THEN 'ok'
-			WHEN n.purchase_id IS NOT NULL AND r.version = n.version THEN 'drift'
-			WHEN u.purchase_id IS NOT NULL AND coalesce(r.version, 0) < n.version THEN 'pending'
-			WHEN r.version > coalesce(n.version, 0) THEN 'ahead'
-			ELSE 'drift'
-		END AS state
-	FROM newest n FULL JOIN replica r ON r.purchase_id = n.purchase_id
-		LEFT JOIN matched m ON m.purchase_id = n.purchase_id
-		LEFT JOIN unconsumed u ON u.purchase_id = n.purchase_id`
-
-// classifyTx runs classifySQL and returns how many purchases are ahead.
-func classifyTx(ctx context.Context, tx *sqlx.Tx, committed map[int32]int64) (int64, error) {
-	parts, offs := make([]int64, 0, len(committed)), make([]int64, 0, len(committed))
-	for p, off := range committed {
-		parts, offs = append(parts, int64(p)), append(offs, off)
-	}
-	if _, err := tx.ExecContext(ctx, classifySQL, pq.Array(parts), pq.Array(offs)); err != nil {
-		return 0, fmt.Errorf("compare replica with the topic: %w", err)
-	}
-	var ahead int64
-	if err := tx.GetContext(ctx, &ahead, `SELECT count(*) FROM audit_outcome WHERE state = 'ahead'`); err != nil {
-		return 0, fmt.Errorf("compare replica with the topic: %w", err)
-	}
-	return ahead, nil
-}
-
-// settleAhead reads the records past the ends read, up to the partitions'
-// ends now (after the replica was read), and makes each purchase ahead
-// pending when they hold its replica's version or a newer one, drift
-// otherwise.
-func (a *Auditor) settleAhead(ctx context.Context, tx *sqlx.Tx, client *bounded.Client, read []bounded.Range, unreadable *atomic.Int64) error {
-	parts, err := client.Partitions(a.cfg.Topic)
-	if err != nil {
-		return err
-	}
-	ranges := make([]bounded.Range, 0, len(parts))
-	for _, p := range parts {
-		for _, r := range read {
-			if r.Partition == p.Partition {
-				ranges = append(ranges, bounded.Range{Topic: p.Topic, Partition: p.Partition, From: r.End, End: p.Newest})
-			}
-		}
-	}
-	var ignored atomic.Int64 // counted by a later check, once past the ends it reads
-	if err := a.stage(ctx, tx, client, auditSince, ranges, &ignored); err != nil {
-		return fmt.Errorf("since the audit began: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE audit_outcome o SET state = CASE WHEN coalesce(
-			(SELECT max(s.version) FROM `+auditSince.String()+` s WHERE s.purchase_id = o.purchase_id), 0) >= o.replica_version
-		THEN 'pending' ELSE 'drift' END WHERE state = 'ahead'`); err != nil {
-		return fmt.Errorf("settle replica ahead of the topic: %w", err)
-	}
-	return nil
-}
-
-// outcome is a drifted purchase as audit_outcome holds it.
-type outcome struct {
-	PurchaseID uuid.UUID      `db:"purchase_id"`
-	OnTopic    bool           `db:"on_topic"`
-	Version    *int64         `db:"version"`
-	Status     *string        `db:"status"`
-	Weight     *int           `db:"boost_weight"`
-	Kinds      pq.StringArray `db:"target_kinds"`
-	IDs        pq.StringArray `db:"target_ids"`
-}
-
-// samples names the first drifted purchases, by id, and how each differs.
-func (a *Auditor) samples(ctx context.Context, tx *sqlx.Tx) ([]PurchaseDrift, error) {
-	var drifted []outcome
-	if err := tx.SelectContext(ctx, &drifted, `SELECT purchase_id, on_topic, version, status, boost_weight, target_kinds, target_ids
-		FROM audit_outcome WHERE state = 'drift' ORDER BY purchase_id LIMIT $1`, a.cfg.Samples); err != nil {
-		return nil, fmt.Errorf("drifted purchases: %w", err)
-	}
-	var out []PurchaseDrift
-	for _, o := range drifted {
-		if !o.OnTopic {
-			out = append(out, PurchaseDrift{o.PurchaseID, "in the replica but not on the topic"})
-			continue
-		}
-		var have []contribution
-		if err := tx.SelectContext(ctx, &have, `SELECT purchase_id, target_kind, target_id, version, active, boost_weight
-			FROM catalog.promotion_contributions WHERE purchase_id = $1 ORDER BY target_kind, target_id`, o.PurchaseID); err != nil {
-			return nil, fmt.Errorf("read replica of %s: %w", o.PurchaseID, err)
-		}
-		l, err := o.latest()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, PurchaseDrift{o.PurchaseID, compare(l, have)})
-	}
-	return out, nil
-}
-
-// latest is the newest event of o.
-func (o outcome) latest() (*latest, error) {
-	l := &latest{version: *o.Version, active: *o.Status == string(event.StatusActive), weight: *o.Weight}
-	targets := make([]event.Target, len(o.IDs))
-	for i, id := range o.IDs {
-		tid, err := uuid.Parse(id)
-		if err != nil {
-			return nil, fmt.Errorf("staged target of %s: %w", o.PurchaseID, err)
-		}
-		targets[i] = event.Target{TargetKind: event.TargetKind(o.Kinds[i]), TargetId: tid}
-	}
-	l.targets = cardTargets(targets)
-	return l, nil
-}
-
-// cardTargets are the distinct Project and PropertyObject targets, in the
-// replica's order (kind, then id).
-func cardTargets(targets []event.Target) []event.Target {
-	var out []event.Target
-	for _, t := range targets {
-		if (t.TargetKind == event.TargetProject || t.TargetKind == event.TargetPropertyObject) && !slices.Contains(out, t) {
-			out = append(out, t)
-		}
-	}
-	slices.SortFunc(out, func(x, y event.Target) int {
-		if x.TargetKind != y.TargetKind {
-			return cmp.Compare(x.TargetKind, y.TargetKind)
-		}
-		return slices.Compare(x.TargetId[:], y.TargetId[:])
-	})
-	return out
-}
-
-// compare names how a purchase's contributions differ from its latest event.
-func compare(l *latest, have []contribution) string {
-	if len(l.targets) != len(have) {
-		return fmt.Sprintf("%d contributions, the latest event (version %d) has %d card targets", len(have), l.version, len(l.targets))
-	}
-	for i, t := range l.targets {
-		c := have[i]
-		switch {
-		case c.Kind != string(t.TargetKind) || c.TargetID != t.TargetId:
-			return fmt.Sprintf("contribution %s/%s is not a target of the latest event", c.Kind, c.TargetID)
-		case c.Version != l.version:
-			return fmt.Sprintf("contribution %s/%s at version %d, the latest event is version %d", c.Kind, c.TargetID, c.Version, l.version)
-		case c.Active != l.active || c.Weight != l.weight:
-			return fmt.Sprintf("contribution %s/%s active=%t weight=%d, the latest event says active=%t weight=%d",
-				c.Kind, c.TargetID, c.Active, c.Weight, l.active, l.weight)
-		}
-	}
-	return ""
 }

@@ -45,7 +45,13 @@ type Bundle struct {
 // partitions (as production creates it), a replay topic and a DLQ.
 func New(t testing.TB, enabled bool) *Bundle {
 	t.Helper()
-	url := pgtest.DatabaseURL(t)
+	return NewOn(t, pgtest.DatabaseURL(t), enabled)
+}
+
+// NewOn is New on the database at url (a private server's, say), which it
+// migrates.
+func NewOn(t testing.TB, url string, enabled bool) *Bundle {
+	t.Helper()
 	b := &Bundle{
 		DB: pgtest.Open(t, url), URL: url,
 		Cfg: router.CatalogConfig{
@@ -234,4 +240,20 @@ func RunUntilCleanup(t testing.TB, run func(context.Context) error, ready func()
 	t.Cleanup(stop)
 	require.Eventually(t, ready, 30*time.Second, 10*time.Millisecond, "router did not start")
 	return stop
+}
+
+// RefusedByPostgres is a record check (the rebuild's and the audit's
+// SetCheck seams) that checks each record as the consumer does, then gives
+// the event of purchase id at version an EndsAt that PostgreSQL refuses
+// (22008, timestamp out of range) in any form: the record stands for one
+// whose row PostgreSQL refuses, handed to the loader below the parser, which
+// refuses such a time itself.
+func RefusedByPostgres(id uuid.UUID, version int64) func(key, value []byte) (event.PurchaseChanged, error) {
+	return func(key, value []byte) (event.PurchaseChanged, error) {
+		ev, err := boost.CheckRecord(key, value)
+		if err == nil && ev.PurchaseId == id && ev.Version == version {
+			ev.EndsAt = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)
+		}
+		return ev, err
+	}
 }

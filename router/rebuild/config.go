@@ -24,9 +24,21 @@ const (
 	SwitchRecordsDefault = 1000
 	// CatchUpsDefault is the most catch-ups before the switch.
 	CatchUpsDefault = 10
+	// LoadSliceDefault is the most records of the topic one transaction of
+	// the load builds the new replica from.
+	LoadSliceDefault = 10_000
 	// SwitchWaitDefault is how long the switch waits for a lock before it
 	// gives way to the projection's writers and tries again.
 	SwitchWaitDefault = 2 * time.Second
+	// SwitchMaxRecordsDefault is the most records past the last catch-up
+	// that the switch folds in under its locks; more and it gives way.
+	SwitchMaxRecordsDefault = 10_000
+	// SwitchStatementTimeoutDefault bounds each statement of the switch.
+	SwitchStatementTimeoutDefault = 5 * time.Second
+	// SwitchIdleTimeoutDefault bounds each pause of the switch between two
+	// statements: past it PostgreSQL ends the switch's session, and its
+	// locks with it.
+	SwitchIdleTimeoutDefault = 3 * time.Second
 )
 
 // Config configures a Rebuilder.
@@ -43,13 +55,33 @@ type Config struct {
 	StatusEvery time.Duration
 	// StaleAfter marks a running rebuild abandoned when its progress is older. Defaults to 30s.
 	StaleAfter time.Duration
+	// LoadSlice is the most records of the topic one transaction of the load
+	// builds the new replica from: the staged events are split into as many
+	// slices by purchase. Defaults to 10,000 (about 0.2 s a slice).
+	LoadSlice int
 	// SwitchRecords: catch-ups go on until at most this many records arrived
 	// past the last one's ends; the switch reads and folds those under its
 	// locks. Defaults to 1000.
 	SwitchRecords int
-	// CatchUps caps the catch-ups; the switch then folds what is left,
-	// however much. Defaults to 10.
+	// CatchUps caps the catch-ups in a row before the switch tries. Defaults
+	// to 10.
 	CatchUps int
+	// SwitchMaxRecords is the most records past the last catch-up that the
+	// switch reads and folds in while it holds the projection's writers
+	// back: with more pending (a backlog, the catch-ups used up under heavy
+	// traffic) it gives way, catches up and tries again. Defaults to 10,000.
+	SwitchMaxRecords int
+	// SwitchStatementTimeout bounds each statement of the switch
+	// (statement_timeout): past it the switch gives way. Defaults to 5s.
+	SwitchStatementTimeout time.Duration
+	// SwitchIdleTimeout bounds each pause of the switch's transaction between
+	// two statements (idle_in_transaction_session_timeout): the switch reads
+	// Kafka between them, and a rebuild cut off from PostgreSQL (a network
+	// partition) would otherwise leave its transaction, and the locks that
+	// hold the consumer back, on the server until TCP keepalive notices (two
+	// hours by default). Past it PostgreSQL ends the session; a switch that
+	// was only slow gives way. Defaults to 3s.
+	SwitchIdleTimeout time.Duration
 	// SwitchWait bounds how long the switch waits for each lock it takes
 	// (lock_timeout). The switch holds the projection's writers back while
 	// it waits, so a reader that holds the replica for long (an audit, a
@@ -72,11 +104,14 @@ func (c Config) Validate() error {
 	if c.StatusEvery <= 0 || c.StaleAfter <= c.StatusEvery {
 		errs = append(errs, errors.New("rebuild: status interval must be positive and below the stale limit"))
 	}
-	if c.SwitchRecords < 1 || c.CatchUps < 1 {
-		errs = append(errs, errors.New("rebuild: switch records and catch-ups must be >= 1"))
+	if c.SwitchRecords < 1 || c.CatchUps < 1 || c.LoadSlice < 1 {
+		errs = append(errs, errors.New("rebuild: switch records, catch-ups and load slice must be >= 1"))
 	}
-	if c.SwitchWait < time.Millisecond {
-		errs = append(errs, errors.New("rebuild: switch wait must be at least 1ms"))
+	if c.SwitchWait < time.Millisecond || c.SwitchStatementTimeout < time.Millisecond || c.SwitchIdleTimeout < time.Millisecond {
+		errs = append(errs, errors.New("rebuild: switch wait, statement timeout and idle timeout must be at least 1ms"))
+	}
+	if c.SwitchMaxRecords < c.SwitchRecords {
+		errs = append(errs, errors.New("rebuild: switch max records must be >= switch records"))
 	}
 	return errors.Join(errs...)
 }
@@ -88,5 +123,9 @@ func (c *Config) setDefaults() {
 	c.StaleAfter = cmp.Or(c.StaleAfter, StaleAfterDefault)
 	c.SwitchRecords = cmp.Or(c.SwitchRecords, SwitchRecordsDefault)
 	c.CatchUps = cmp.Or(c.CatchUps, CatchUpsDefault)
+	c.LoadSlice = cmp.Or(c.LoadSlice, LoadSliceDefault)
 	c.SwitchWait = cmp.Or(c.SwitchWait, SwitchWaitDefault)
+	c.SwitchMaxRecords = cmp.Or(c.SwitchMaxRecords, SwitchMaxRecordsDefault)
+	c.SwitchStatementTimeout = cmp.Or(c.SwitchStatementTimeout, SwitchStatementTimeoutDefault)
+	c.SwitchIdleTimeout = cmp.Or(c.SwitchIdleTimeout, SwitchIdleTimeoutDefault)
 }

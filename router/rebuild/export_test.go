@@ -1,6 +1,10 @@
 package rebuild
 
-import "context"
+import (
+	"context"
+
+	"github.com/promoflow/promoflow/handlers/event"
+)
 
 // Point is a place in a rebuild where the test seam runs.
 type Point = point
@@ -19,3 +23,9 @@ const (
 
 // SetHook sets the test seam: h runs at every point of a rebuild.
 func (r *Rebuilder) SetHook(h func(context.Context, Point) error) { r.hook = h }
+
+// SetCheck sets how the rebuild parses and checks each record it reads, in
+// place of the consumer's checks (boost.CheckRecord).
+func (r *Rebuilder) SetCheck(check func(key, value []byte) (event.PurchaseChanged, error)) {
+	r.check = check
+}

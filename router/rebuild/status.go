@@ -3,11 +3,16 @@ package rebuild
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/boost"
 )
 
 // State is where a rebuild is.
@@ -43,7 +48,35 @@ type Status struct {
 	FinishedAt *time.Time `json:"finishedAt,omitempty" db:"finished_at"`
 	UpdatedAt  *time.Time `json:"updatedAt,omitempty" db:"updated_at"`
 	Counts
-	Error string `json:"error,omitempty" db:"error"`
+	// RefusedRecords names the first records PostgreSQL refused (of
+	// Counts.Refused), by partition and offset.
+	RefusedRecords refusedRecords `json:"refusedRecords,omitempty" db:"refused_records"`
+	Error          string         `json:"error,omitempty" db:"error"`
+}
+
+// refusedShown is how many refused records a status names.
+const refusedShown = 10
+
+// refusedRecords is the JSON of the refused_records column.
+type refusedRecords []boost.Refused
+
+// Scan reads the column's JSON.
+func (r *refusedRecords) Scan(src any) error {
+	b, ok := src.([]byte)
+	if !ok {
+		return fmt.Errorf("refused records: want JSON bytes, got %T", src)
+	}
+	return json.Unmarshal(b, r)
+}
+
+// Value writes the column's JSON, as text (sqlmigrate.Open sends []byte
+// in binary): an empty list for none.
+func (r refusedRecords) Value() (driver.Value, error) {
+	if r == nil {
+		r = refusedRecords{}
+	}
+	b, err := json.Marshal(r)
+	return string(b), err
 }
 
 // Counts is what a rebuild did so far.
@@ -53,9 +86,11 @@ type Counts struct {
 	OffsetsDone  int64 `json:"offsetsDone" db:"offsets_done"`
 	OffsetsTotal int64 `json:"offsetsTotal" db:"offsets_total"`
 	// Read records, of which Skipped break the contract (the consumer
-	// dead-letters them).
+	// dead-letters them) and Refused have a row PostgreSQL refused to store
+	// (the consumer dead-letters them as sql_rejected): both are left out.
 	Read    int64 `json:"read" db:"read"`
 	Skipped int64 `json:"skipped" db:"skipped"`
+	Refused int64 `json:"refused" db:"refused"`
 	// Purchases and Contributions of the new replica once loaded.
 	Purchases     int64 `json:"purchases" db:"purchases"`
 	Contributions int64 `json:"contributions" db:"contributions"`
@@ -66,7 +101,7 @@ type Counts struct {
 }
 
 const statusColumns = `id, state, phase, started_at, finished_at, updated_at, offsets_done, offsets_total, read, skipped,
-	purchases, contributions, catch_ups, cards_changed, error`
+	refused, refused_records, purchases, contributions, catch_ups, cards_changed, error`
 
 // newest reads the newest rebuild. A running one whose progress is older than
 // staleAfter lost its process: it is reported failed.
@@ -94,10 +129,10 @@ func newest(ctx context.Context, db *sqlx.DB, staleAfter time.Duration) (Status,
 func saveStatus(ctx context.Context, q sqlx.ExecerContext, st Status) error {
 	res, err := q.ExecContext(ctx, `UPDATE catalog.projection_rebuilds SET state = $2, phase = $3, finished_at = $4,
 		updated_at = now(), offsets_done = $5, offsets_total = $6, read = $7, skipped = $8, purchases = $9,
-		contributions = $10, catch_ups = $11, cards_changed = $12, error = $13
+		contributions = $10, catch_ups = $11, cards_changed = $12, error = $13, refused = $14, refused_records = $15
 		WHERE id = $1 AND state = 'running'`,
 		st.ID, st.State, st.Phase, st.FinishedAt, st.OffsetsDone, st.OffsetsTotal, st.Read, st.Skipped, st.Purchases,
-		st.Contributions, st.CatchUps, st.CardsChanged, st.Error)
+		st.Contributions, st.CatchUps, st.CardsChanged, st.Error, st.Refused, st.RefusedRecords)
 	if err != nil {
 		return fmt.Errorf("record rebuild progress: %w", err)
 	}
@@ -105,4 +140,27 @@ func saveStatus(ctx context.Context, q sqlx.ExecerContext, st Status) error {
 		return errors.Join(errLeaseLost, err)
 	}
 	return nil
+}
+
+// refusals counts the records whose rows PostgreSQL refused, and keeps the
+// first refusedShown of them.
+type refusals struct {
+	mu    sync.Mutex
+	n     int64
+	shown refusedRecords
+}
+
+func (r *refusals) add(rf boost.Refused) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if len(r.shown) < refusedShown {
+		r.shown = append(r.shown, rf)
+	}
+}
+
+func (r *refusals) snapshot() (int64, refusedRecords) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n, append(refusedRecords(nil), r.shown...)
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq"
+
+	"github.com/promoflow/promoflow/handlers/nettest"
 )
 
 // env is one scenario's world: a database, topics and consumer group of its
@@ -39,8 +41,8 @@ type env struct {
 	// kafkaProxies carry the Kafka traffic of the processes a scenario
 	// names in kafkaVia (one proxy per broker); pgProxy their PostgreSQL
 	// traffic (pgVia).
-	kafkaProxies    []*proxy
-	pgProxy         *proxy
+	kafkaProxies    []*nettest.Proxy
+	pgProxy         *nettest.Proxy
 	kafkaVia, pgVia map[string]bool
 
 	// started is when the scenario's processes were started: the window of
@@ -95,7 +97,7 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	t.Cleanup(func() {
 		e.stopAll()
 		for _, p := range e.proxies() {
-			p.close()
+			p.Close()
 		}
 		e.db.Close()
 		if !t.Failed() {

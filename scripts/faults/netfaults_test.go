@@ -5,6 +5,8 @@ package faults
 import (
 	"net/url"
 	"strings"
+
+	"github.com/promoflow/promoflow/handlers/nettest"
 )
 
 // set is a lookup of names; "*" in names stands for every name.
@@ -29,21 +31,21 @@ func (e *env) startProxies(db *url.URL) {
 			t.Fatal("KAFKA_PROXY_ROUTES is empty: the fault stack needs PROMOFLOW_KAFKA_PROXIED=1 (scripts/faults.sh sets it)")
 		}
 		for _, r := range e.s.routes {
-			p, err := newProxy(r.listen, r.upstream)
+			p, err := nettest.NewProxy(r.listen, r.upstream)
 			must(t, err)
 			e.kafkaProxies = append(e.kafkaProxies, p)
 		}
 	}
 	if len(e.pgVia) > 0 {
-		p, err := newProxy("127.0.0.1:0", db.Host)
+		p, err := nettest.NewProxy("127.0.0.1:0", db.Host)
 		must(t, err)
 		e.pgProxy = p
 	}
 }
 
 // proxies are every proxy of the env.
-func (e *env) proxies() []*proxy {
-	out := append([]*proxy{}, e.kafkaProxies...)
+func (e *env) proxies() []*nettest.Proxy {
+	out := append([]*nettest.Proxy{}, e.kafkaProxies...)
 	if e.pgProxy != nil {
 		out = append(out, e.pgProxy)
 	}
@@ -57,7 +59,7 @@ func (e *env) kafkaFor(process string) string {
 	}
 	addrs := make([]string, len(e.kafkaProxies))
 	for i, p := range e.kafkaProxies {
-		addrs[i] = p.addr()
+		addrs[i] = p.Addr()
 	}
 	return strings.Join(addrs, ",")
 }
@@ -69,19 +71,19 @@ func (e *env) dbFor(process string) string {
 	}
 	u, err := url.Parse(e.dbURL)
 	must(e.t, err)
-	u.Host = e.pgProxy.addr()
+	u.Host = e.pgProxy.Addr()
 	return u.String()
 }
 
 // cutKafka opens a black hole in every Kafka proxy; healKafka closes it.
 func (e *env) cutKafka() {
 	for _, p := range e.kafkaProxies {
-		p.blackHole()
+		p.BlackHole()
 	}
 }
 
 func (e *env) healKafka() {
 	for _, p := range e.kafkaProxies {
-		p.heal()
+		p.Heal()
 	}
 }

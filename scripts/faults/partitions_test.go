@@ -164,7 +164,7 @@ func catalogCutFromPostgres(t *testing.T, e *env) int {
 	tr.waitCreated(100, 30*time.Second, "before the cut")
 	consumed, err := metric(other, "catalog_promotion_consumed_total")
 	must(t, err)
-	e.pgProxy.blackHole()
+	e.pgProxy.BlackHole()
 	e.fault()
 	e.expectAlert("CatalogPromotionLagHigh", true, 3*time.Minute)
 	lag, err := metric(cut, "catalog_promotion_lag_seconds")
@@ -174,7 +174,7 @@ func catalogCutFromPostgres(t *testing.T, e *env) int {
 	if now, err := metric(other, "catalog_promotion_consumed_total"); err != nil || now <= consumed {
 		e.violate("%s consumed nothing while %s was cut off (%v, then %v: %v)", other.name, cut.name, consumed, now, err)
 	}
-	e.pgProxy.heal()
+	e.pgProxy.Heal()
 	healed := time.Now()
 	e.expectAlert("CatalogPromotionLagHigh", false, 3*time.Minute)
 	resolved := time.Since(healed)
@@ -205,14 +205,14 @@ func kafkaLatency(t *testing.T, e *env) int {
 	sessions, err := sumMetric(e.catalogs, "catalog_promotion_group_sessions_total")
 	must(t, err)
 	for _, p := range e.kafkaProxies {
-		p.setLatency(200 * time.Millisecond)
+		p.SetLatency(200 * time.Millisecond)
 	}
 	e.fault()
 	relayedDuring, consumedDuring := rate(latencyWindow)
 	after, err := sumMetric(e.catalogs, "catalog_promotion_group_sessions_total")
 	must(t, err)
 	for _, p := range e.kafkaProxies {
-		p.setLatency(0)
+		p.SetLatency(0)
 	}
 	if relayedDuring <= 0 || consumedDuring <= 0 {
 		e.violate("events stopped while every Kafka connection had 200 ms more latency: %.0f relayed/s, %.0f consumed/s", relayedDuring, consumedDuring)

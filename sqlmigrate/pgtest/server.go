@@ -39,6 +39,9 @@ type Server struct {
 	Dir string
 	// CA signed the server's certificate when ServerOptions.TLS was set.
 	CA *CA
+
+	owner                 serviceUser
+	bindir, data, logFile string
 }
 
 // URL is the server's postgres database URL with the given query, e.g.
@@ -68,7 +71,7 @@ func StartServer(t testing.TB, opts ServerOptions) *Server {
 		"-E", "UTF8", "--locale=C.UTF-8").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
-	s := &Server{Host: "127.0.0.1", Dir: dir}
+	s := &Server{Host: "127.0.0.1", Dir: dir, owner: owner, bindir: bindir, data: data}
 	settings := map[string]string{"listen_addresses": s.Host, "unix_socket_directories": dir,
 		"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 	if opts.TLS {
@@ -90,6 +93,7 @@ func StartServer(t testing.TB, opts ServerOptions) *Server {
 	}
 
 	logFile := filepath.Join(dir, "postgresql.log")
+	s.logFile = logFile
 	var lastErr error
 	for range 3 { // a free port can be taken between picking and binding it
 		s.Port = FreePort(t)
@@ -107,6 +111,21 @@ func StartServer(t testing.TB, opts ServerOptions) *Server {
 	}
 	t.Fatal(lastErr)
 	return nil
+}
+
+// Crash stops the server as a crash would (an immediate shutdown: no
+// checkpoint, every backend killed, its clients' connections cut) and starts
+// it again, on the same port with the same settings: it runs crash recovery,
+// which empties every unlogged table. It returns once the server accepts
+// connections.
+func (s *Server) Crash(t testing.TB) {
+	t.Helper()
+	out, err := s.owner.command(s.Dir, filepath.Join(s.bindir, "pg_ctl"), "-D", s.data, "-m", "immediate", "-w", "-t", "60",
+		"-l", s.logFile, "restart").CombinedOutput()
+	if err != nil {
+		log, _ := os.ReadFile(s.logFile)
+		t.Fatalf("pg_ctl restart -m immediate: %v\n%s\n%s", err, out, log)
+	}
 }
 
 // serverOptions are settings as postgres command-line options, values quoted.

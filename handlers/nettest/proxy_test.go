@@ -1,4 +1,4 @@
-package faults
+package nettest
 
 import (
 	"bufio"
@@ -60,15 +60,15 @@ func (u *upstream) got() ([]string, int) {
 	return append([]string(nil), u.lines...), u.accepted
 }
 
-func startProxy(t *testing.T, u *upstream) *proxy {
-	p, err := newProxy("127.0.0.1:0", u.ln.Addr().String())
+func startProxy(t *testing.T, u *upstream) *Proxy {
+	p, err := NewProxy("127.0.0.1:0", u.ln.Addr().String())
 	require.NoError(t, err)
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
 }
 
-func dialLine(t *testing.T, p *proxy) (net.Conn, *bufio.Reader) {
-	c, err := net.Dial("tcp", p.addr())
+func dialLine(t *testing.T, p *Proxy) (net.Conn, *bufio.Reader) {
+	c, err := net.Dial("tcp", p.Addr())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return c, bufio.NewReader(c)
@@ -101,14 +101,14 @@ func TestProxy_BlackHoleForwardsNothingUntilHealThenEverything(t *testing.T) {
 	c, r := dialLine(t, p)
 	echoed(t, c, r, "before")
 
-	p.blackHole()
+	p.BlackHole()
 	send(t, c, "during")
 	late, lateR := dialLine(t, p)
 	send(t, late, "new")
 	require.Never(t, func() bool { lines, accepted := u.got(); return len(lines) > 1 || accepted > 1 },
 		quietFor, 10*time.Millisecond, "nothing crosses a black hole, and no connection is dialed through it: %v", fmt.Sprint(u.got()))
 
-	p.heal()
+	p.Heal()
 	for _, rd := range []*bufio.Reader{r, lateR} {
 		line, err := rd.ReadString('\n')
 		require.NoError(t, err)
@@ -142,7 +142,7 @@ func TestProxy_WhatASenderResetsInAHoleNeverArrives(t *testing.T) {
 		sent := (round + 1) * (resets + 1)
 		require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) == sent-1 }, 10*time.Second, 10*time.Millisecond)
 
-		p.blackHole()
+		p.BlackHole()
 		for _, c := range resetting {
 			send(t, c, "zombie")
 		}
@@ -152,7 +152,7 @@ func TestProxy_WhatASenderResetsInAHoleNeverArrives(t *testing.T) {
 			require.NoError(t, c.Close())
 		}
 		require.NoError(t, graceful.(*net.TCPConn).CloseWrite())
-		p.heal()
+		p.Heal()
 
 		require.Eventually(t, func() bool { lines, _ := u.got(); return len(lines) >= sent }, 10*time.Second, 10*time.Millisecond)
 		require.Never(t, func() bool { lines, _ := u.got(); return len(lines) > sent }, quietFor, 10*time.Millisecond)
@@ -169,7 +169,7 @@ func TestProxy_LatencyDelaysWhatTheServerSends(t *testing.T) {
 	u := newUpstream(t)
 	p := startProxy(t, u)
 	const latency = 200 * time.Millisecond
-	p.setLatency(latency)
+	p.SetLatency(latency)
 	c, r := dialLine(t, p)
 	for range 3 {
 		start := time.Now()
@@ -179,7 +179,7 @@ func TestProxy_LatencyDelaysWhatTheServerSends(t *testing.T) {
 		require.Equal(t, "ping\n", line)
 		require.GreaterOrEqual(t, time.Since(start), latency, "an answer cannot beat the added latency")
 	}
-	require.Positive(t, p.bytes())
+	require.Positive(t, p.Bytes())
 }
 
 // TestProxy_ResetEndsEveryConnectionAndRefusesNewOnes: a reset ends the
@@ -191,18 +191,18 @@ func TestProxy_ResetEndsEveryConnectionAndRefusesNewOnes(t *testing.T) {
 	c, r := dialLine(t, p)
 	echoed(t, c, r, "one")
 
-	p.resetAll(true)
+	p.ResetAll(true)
 	_, err := r.ReadString('\n')
 	require.Error(t, err, "an open connection ends")
 	// On loopback the reset may even reach the connecting side first.
-	if refused, err := net.Dial("tcp", p.addr()); err == nil {
+	if refused, err := net.Dial("tcp", p.Addr()); err == nil {
 		defer refused.Close()
 		_, _ = refused.Write([]byte("x\n"))
 		_, err = bufio.NewReader(refused).ReadString('\n')
 		require.Error(t, err, "a new connection is reset")
 	}
 
-	p.resetAll(false)
+	p.ResetAll(false)
 	again, againR := dialLine(t, p)
 	send(t, again, "two")
 	line, err := againR.ReadString('\n')

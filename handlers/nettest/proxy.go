@@ -1,9 +1,9 @@
-package faults
-
-// The network faults of the suite: a TCP proxy on 127.0.0.1, run inside the
-// test process, between one promoflow process and a server (a Kafka
-// listener, PostgreSQL). It has no build tag, so that TestProxy_* (in every
-// go test ./...) shows each mode does what the scenarios rely on.
+// Package nettest is a TCP proxy on 127.0.0.1, run inside a test process,
+// between a client (a promoflow process, a component under test) and a
+// server (a Kafka listener, PostgreSQL), that injects network faults: the
+// fault suite's (scripts/faults) and the tests that cut a component off from
+// its server. TestProxy_* show each mode does what they rely on.
+package nettest
 
 import (
 	"errors"
@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// proxy forwards each connection it accepts to upstream, and injects one
+// Proxy forwards each connection it accepts to upstream, and injects one
 // fault at a time into every connection, open or new:
 //
 //   - blackHole: nothing is forwarded in either direction and nothing is
@@ -31,7 +31,7 @@ import (
 //     (the downstream direction, as Toxiproxy's latency toxic), in order.
 //   - reset: every connection is closed with a TCP reset on both sides, and
 //     new ones are reset at once.
-type proxy struct {
+type Proxy struct {
 	ln       net.Listener
 	upstream string
 
@@ -63,23 +63,23 @@ func (l *link) upstream() net.Conn {
 	return l.server
 }
 
-// newProxy listens on listen (127.0.0.1:0 for any port) and forwards to upstream.
-func newProxy(listen, upstream string) (*proxy, error) {
+// NewProxy listens on listen (127.0.0.1:0 for any port) and forwards to upstream.
+func NewProxy(listen, upstream string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("proxy for %s: %w", upstream, err)
 	}
-	p := &proxy{ln: ln, upstream: upstream, links: map[*link]bool{}, healed: make(chan struct{})}
+	p := &Proxy{ln: ln, upstream: upstream, links: map[*link]bool{}, healed: make(chan struct{})}
 	close(p.healed)
 	p.wg.Go(p.accept)
 	return p, nil
 }
 
-func (p *proxy) addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// blackHole starts a black hole: every read in flight is interrupted, so
+// BlackHole starts a black hole: every read in flight is interrupted, so
 // that nothing read after this moment is forwarded until heal.
-func (p *proxy) blackHole() {
+func (p *Proxy) BlackHole() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.hole {
@@ -96,8 +96,8 @@ func (p *proxy) blackHole() {
 	}
 }
 
-// heal ends a black hole: forwarding goes on where it stopped.
-func (p *proxy) heal() {
+// Heal ends a black hole: forwarding goes on where it stopped.
+func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.hole {
@@ -106,15 +106,15 @@ func (p *proxy) heal() {
 	}
 }
 
-// setLatency delays every chunk from the server by d from now on (0: none).
-func (p *proxy) setLatency(d time.Duration) {
+// SetLatency delays every chunk from the server by d from now on (0: none).
+func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Lock()
 	p.latency = d
 	p.mu.Unlock()
 }
 
-// resetAll resets every connection (and, while on, every new one).
-func (p *proxy) resetAll(on bool) {
+// ResetAll resets every connection (and, while on, every new one).
+func (p *Proxy) ResetAll(on bool) {
 	p.mu.Lock()
 	p.reset = on
 	links := make([]*link, 0, len(p.links))
@@ -129,15 +129,15 @@ func (p *proxy) resetAll(on bool) {
 	}
 }
 
-// bytes is how many bytes the proxy delivered so far.
-func (p *proxy) bytes() int64 {
+// Bytes is how many bytes the proxy delivered so far.
+func (p *Proxy) Bytes() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.forwarded
 }
 
-// close stops listening and resets every connection.
-func (p *proxy) close() {
+// Close stops listening and resets every connection.
+func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
 	if p.hole {
@@ -146,11 +146,11 @@ func (p *proxy) close() {
 	}
 	p.mu.Unlock()
 	_ = p.ln.Close()
-	p.resetAll(true)
+	p.ResetAll(true)
 	p.wg.Wait()
 }
 
-func (p *proxy) accept() {
+func (p *Proxy) accept() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -171,7 +171,7 @@ func (p *proxy) accept() {
 
 // serve dials upstream once no hole is open, then pumps both ways until
 // either side ends.
-func (p *proxy) serve(l *link) {
+func (p *Proxy) serve(l *link) {
 	defer func() {
 		p.mu.Lock()
 		delete(p.links, l)
@@ -202,14 +202,14 @@ func (p *proxy) serve(l *link) {
 	_ = l.server.Close()
 }
 
-func (p *proxy) holeCount() int {
+func (p *Proxy) holeCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.holes
 }
 
 // waitHealed waits until no hole is open; false when the proxy closed.
-func (p *proxy) waitHealed() bool {
+func (p *Proxy) waitHealed() bool {
 	for {
 		p.mu.Lock()
 		hole, healed, closed := p.hole, p.healed, p.closed
@@ -247,7 +247,7 @@ func resetByPeer(c net.Conn) bool {
 // pump copies src to dst; downstream is the server's direction, which
 // latency delays. A read that a hole interrupted resumes after heal; what a
 // read returned is delivered, so a hole starts between two chunks.
-func (p *proxy) pump(l *link, src, dst net.Conn, downstream bool) {
+func (p *Proxy) pump(l *link, src, dst net.Conn, downstream bool) {
 	type chunk struct {
 		data []byte
 		due  time.Time
@@ -306,7 +306,7 @@ func (p *proxy) pump(l *link, src, dst net.Conn, downstream bool) {
 		n, err := src.Read(buf)
 		// A read may return bytes that arrived as a hole opened (the
 		// deadline that interrupts it can lose that race): they wait for
-		// heal like those still in the kernel.
+		// Heal like those still in the kernel.
 		if n > 0 && !held() {
 			return
 		}
