@@ -49,8 +49,18 @@ const rebuildBinaryEnv = "PROMOFLOW_BENCH_REBUILD_BIN"
 // After each rebuild it runs the replica audit (`promoflow audit --replica`:
 // the card check and the replica against the topic) and reports its time and
 // peak RSS; the audit must find no drift and nothing pending.
+//
+// Live traffic runs beside it (live): a catalog consumer applies 20 new
+// purchases a second while the rebuild runs (their produce → contribution
+// times: p50 and most, a stall behind the switch shows in the most), and a
+// promotion relay on the same server gets an event a 100 ms throughout (the
+// most from commit to topic during the rebuild, during the audit, and
+// between them). In this process's figures the peak RSS counts them too:
+// PROMOFLOW_BENCH_REBUILD_BIN gives the rebuild's own.
 func BenchmarkRebuild(b *testing.B) {
 	rb := newRebuildBench(b)
+	rb.live = rb.startLive(b)
+	var applied []time.Duration
 	var took, copySecs, auditSecs time.Duration
 	var peakMB, auditMB float64
 	var reads []time.Duration
@@ -58,15 +68,19 @@ func BenchmarkRebuild(b *testing.B) {
 	for range b.N {
 		copySecs += rb.rawCopy(b)
 		stopReads := rb.readCards(b)
+		stopLive := rb.live.during(b, "rebuild", true)
 		t, mb, ph := rb.rebuild(b)
 		reads = append(reads, stopReads()...)
+		applied = append(applied, stopLive()...)
 		took += t
 		peakMB = max(peakMB, mb)
 		for k, v := range ph {
 			phases[k] += v
 		}
 		rb.check(b)
+		stopLive = rb.live.during(b, "audit", false)
 		t, mb = rb.audit(b)
+		stopLive()
 		auditSecs += t
 		auditMB = max(auditMB, mb)
 	}
@@ -87,12 +101,20 @@ func BenchmarkRebuild(b *testing.B) {
 	b.ReportMetric(float64(len(reads)), "card-reads")
 	b.ReportMetric(auditSecs.Seconds()/float64(b.N), "audit-replica-s")
 	b.ReportMetric(auditMB, "audit-peak-rss-MB")
+	if len(applied) > 0 {
+		b.ReportMetric(float64(percentile(applied, 0.5).Microseconds())/1000, "live-apply-p50-ms")
+		b.ReportMetric(float64(slices.Max(applied).Microseconds())/1000, "live-apply-max-ms")
+	}
+	for phase, d := range rb.live.relay.LongestDelays(b) {
+		b.ReportMetric(float64(d.Microseconds())/1000, "relay-"+phase+"-max-ms")
+	}
 }
 
 type rebuildBench struct {
 	c      *catalogtest.Bundle
 	events int
 	bulk   *catalogtest.Bulk
+	live   *live
 }
 
 // newRebuildBench makes the cards and fills the topic with pre-encoded
@@ -255,6 +277,7 @@ func (rb *rebuildBench) check(b *testing.B) {
 	for _, pair := range rb.bulk.Pairs {
 		want[pair[1]] = want[pair[0]] + own[pair[1]]
 	}
+	rb.live.want(want)
 	got := map[uuid.UUID]int{}
 	rows, err := rb.c.DB.Queryx(`SELECT id, promotion_boost FROM catalog.project_cards
 		UNION ALL SELECT id, promotion_boost FROM catalog.property_object_cards`)
@@ -270,7 +293,8 @@ func (rb *rebuildBench) check(b *testing.B) {
 	require.Equal(b, want, got, "the rebuilt boosts")
 	var n int
 	require.NoError(b, sqlx.Get(rb.c.DB, &n, `SELECT count(*) FROM catalog.promotion_contributions`))
-	require.Equal(b, 2*rb.events, n, fmt.Sprintf("one contribution per purchase and target, %d purchases", rb.events))
+	require.Equal(b, 2*rb.events+rb.live.sent, n, fmt.Sprintf("one contribution per purchase and target, %d purchases and %d new",
+		rb.events, rb.live.sent))
 }
 
 // audit runs the card check and the replica check, in this process or as a
@@ -309,7 +333,7 @@ func (rb *rebuildBench) audit(b *testing.B) (time.Duration, float64) {
 	}
 	require.Zero(b, rep.Cards.Drifted, "the audit's drifted cards")
 	require.NotNil(b, rep.Replica)
-	require.Equal(b, int64(rb.events), rep.Replica.Purchases, "the audit's purchases")
+	require.Equal(b, int64(rb.events+rb.live.sent), rep.Replica.Purchases, "the audit's purchases")
 	require.Zero(b, rep.Replica.Drifted, "the audit's drifted purchases")
 	require.Zero(b, rep.Replica.Pending, "the audit's pending purchases")
 	b.Logf("audit --replica: %s, peak RSS %.1f MB, %d cards, %d purchases", took.Round(time.Millisecond), peak,

@@ -110,25 +110,41 @@ func (r *Relay) SendEvery(t testing.TB, interval time.Duration, label func() str
 // events were sent with each label, and the longest delay.
 func (r *Relay) RequireDelays(t testing.TB, most time.Duration) (map[string]int, time.Duration) {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	records := kafkatest.ReadTopic(t, r.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(r.sent) })
 	labels := map[string]int{}
 	var late []string
 	var longest time.Duration
-	for _, rec := range records {
-		s, ok := r.sent[kafkatest.Header(rec, kafka.UUIDHeaderKey)]
-		if !ok {
-			continue
-		}
-		labels[s.label]++
-		d := rec.Timestamp.Sub(s.at)
+	r.eachDelay(t, func(label string, d time.Duration) {
+		labels[label]++
 		longest = max(longest, d)
 		if d > most {
-			late = append(late, fmt.Sprintf("sent during %s, on the topic %s after its commit", s.label, d.Round(time.Millisecond)))
+			late = append(late, fmt.Sprintf("sent during %s, on the topic %s after its commit", label, d.Round(time.Millisecond)))
 		}
-	}
+	})
 	sort.Strings(late)
 	require.Empty(t, late, "promotion events held back longer than %s:\n\t%s", most, strings.Join(late, "\n\t"))
 	return labels, longest
+}
+
+// LongestDelays waits until every event sent is on the topic, and returns,
+// by label, the longest time from an event's commit to its record's
+// timestamp.
+func (r *Relay) LongestDelays(t testing.TB) map[string]time.Duration {
+	t.Helper()
+	out := map[string]time.Duration{}
+	r.eachDelay(t, func(label string, d time.Duration) { out[label] = max(out[label], d) })
+	return out
+}
+
+// eachDelay waits until every event sent is on the topic, and calls each
+// with every one's label and its time from commit to record timestamp.
+func (r *Relay) eachDelay(t testing.TB, each func(label string, d time.Duration)) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	records := kafkatest.ReadTopic(t, r.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(r.sent) })
+	for _, rec := range records {
+		if s, ok := r.sent[kafkatest.Header(rec, kafka.UUIDHeaderKey)]; ok {
+			each(s.label, rec.Timestamp.Sub(s.at))
+		}
+	}
 }
