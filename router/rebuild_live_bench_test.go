@@ -89,21 +89,14 @@ func (l *live) during(b *testing.B, phase string, purchases bool) (stop func() [
 	applied := map[uuid.UUID]time.Time{}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(time.Second / liveRate)
-		defer tick.Stop()
-		for ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+		every(ctx, time.Second/liveRate, func() {
 			ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1, catalogtest.Target(event.TargetProject, l.project))
 			at := time.Now()
 			l.rb.c.Produce(b, ev)
 			mu.Lock()
 			produced[ev.PurchaseId] = at
 			mu.Unlock()
-		}
+		})
 	})
 	poll := func() {
 		mu.Lock()
@@ -124,18 +117,7 @@ func (l *live) during(b *testing.B, phase string, purchases bool) (stop func() [
 		}
 		mu.Unlock()
 	}
-	wg.Go(func() {
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				poll()
-			}
-		}
-	})
+	wg.Go(func() { every(ctx, 10*time.Millisecond, poll) })
 	return func() []time.Duration {
 		cancel()
 		wg.Wait()
@@ -154,4 +136,18 @@ func (l *live) during(b *testing.B, phase string, purchases bool) (stop func() [
 // want adds the live cards' boosts to want: every new purchase weighs 1.
 func (l *live) want(want map[uuid.UUID]int) {
 	want[l.project], want[l.object] = l.sent, l.sent
+}
+
+// every runs do every period until ctx ends.
+func every(ctx context.Context, period time.Duration, do func()) {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			do()
+		}
+	}
 }
