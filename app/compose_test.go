@@ -67,7 +67,7 @@ var kafkaNodes = []string{"kafka-controller-1", "kafka-controller-2", "kafka-con
 // two in sync for a write.
 func TestCompose_DescribesTheWholeStack(t *testing.T) {
 	p := loadCompose(t)
-	require.ElementsMatch(t, append([]string{"postgres", "kafka-topics", "promotion", "catalog", "prometheus", "grafana"}, kafkaNodes...), p.ServiceNames())
+	require.ElementsMatch(t, append([]string{"postgres", "kafka-topics", "promotion", "catalog", "prometheus", "grafana", "jaeger"}, kafkaNodes...), p.ServiceNames())
 	const voters = "101@kafka-controller-1:9093,102@kafka-controller-2:9093,103@kafka-controller-3:9093"
 	clusterID := env(t, p.Services["kafka-1"], "CLUSTER_ID")
 	require.NotEmpty(t, clusterID)
@@ -96,7 +96,7 @@ func TestCompose_DescribesTheWholeStack(t *testing.T) {
 
 	// Ports: the APIs, Prometheus, Grafana and PostgreSQL, each on the host's same port.
 	for name, port := range map[string]uint32{"postgres": 5432, "promotion": 8080, "catalog": 8081,
-		"prometheus": 9090, "grafana": 3000} {
+		"prometheus": 9090, "grafana": 3000, "jaeger": 16686} {
 		require.Contains(t, p.Services[name].Ports, types.ServicePortConfig{Mode: "ingress", Protocol: "tcp",
 			Target: port, Published: strconv.Itoa(int(port))}, "%s publishes %d", name, port)
 	}
@@ -116,7 +116,7 @@ func TestCompose_StartsEachServiceAfterWhatItNeeds(t *testing.T) {
 		"catalog": {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully,
 			"promotion": types.ServiceConditionStarted},
 		"prometheus": {"promotion": types.ServiceConditionStarted, "catalog": types.ServiceConditionStarted},
-		"grafana":    {"prometheus": types.ServiceConditionStarted},
+		"grafana":    {"prometheus": types.ServiceConditionStarted, "jaeger": types.ServiceConditionStarted},
 	}
 	for _, name := range p.ServiceNames() {
 		got := map[string]string{}
@@ -160,6 +160,9 @@ func TestCompose_ProcessesReadEverySettingWithItsDefault(t *testing.T) {
 			known[envName] = flagName
 		}
 		for envName, value := range svc.Environment {
+			if strings.HasPrefix(envName, "OTEL_") {
+				continue // the OpenTelemetry SDK's (TestCompose_ProcessesExportTracesToTheCollector)
+			}
 			flagName, ok := known[envName]
 			require.True(t, ok, "%s: %s is not a setting of promoflow %s", name, envName, name)
 			require.NotNil(t, value, "%s: %s has no value", name, envName)
@@ -186,6 +189,22 @@ func TestCompose_ProcessesReadEverySettingWithItsDefault(t *testing.T) {
 	tokens, err := api.ParseTokens(env(t, promotion, "PROMOTION_API_TOKENS"))
 	require.NoError(t, err)
 	require.NotEmpty(t, tokens)
+}
+
+// TestCompose_ProcessesExportTracesToTheCollector: both processes export
+// their spans over OTLP/HTTP to the jaeger service, which takes them on 4318,
+// and Grafana has it as a data source for its panels' trace links.
+func TestCompose_ProcessesExportTracesToTheCollector(t *testing.T) {
+	p := loadCompose(t)
+	for _, name := range []string{"promotion", "catalog"} {
+		require.Equal(t, "http://jaeger:4318", env(t, p.Services[name], "OTEL_EXPORTER_OTLP_ENDPOINT"), name)
+	}
+	require.True(t, strings.HasPrefix(p.Services["jaeger"].Image, "jaegertracing/jaeger:2."), "Jaeger v2 (OTLP)")
+	require.Contains(t, p.Services["jaeger"].Ports, types.ServicePortConfig{Mode: "ingress", Protocol: "tcp",
+		Target: 4318, Published: "4318"})
+	raw, err := os.ReadFile("../deploy/grafana/provisioning/datasources/jaeger.yml")
+	require.NoError(t, err)
+	require.Contains(t, string(raw), "url: http://jaeger:16686")
 }
 
 func TestCompose_MountedFilesExistAndPrometheusScrapesBothProcesses(t *testing.T) {

@@ -49,6 +49,11 @@ func runDLQReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLoggerTo(os.Stderr, logLevel, "dlq-replay")
+	stopTracing, err := setupTracing(ctx, "dlq-replay")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopTracing(context.WithoutCancel(ctx)) }() // best effort flush at exit
 	cluster, err := kafka.connect(ctx, log)
 	if err != nil {
 		return err

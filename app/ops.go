@@ -50,12 +50,13 @@ func newMux(reg *prometheus.Registry, ready ...readyCheck) *http.ServeMux {
 }
 
 // serveHTTP listens on addr until ctx ends, then drains requests for up to 10s.
+// Each API request gets a server span (serverSpans).
 func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	srv := &http.Server{Handler: serverSpans(h), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 	log.Info("http listening", "addr", ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -2,8 +2,9 @@
 // Watermill handler middlewares, one policy per file. router/catalog.go
 // assembles the chain; outermost first, and why each step sits where it does:
 //
-//  1. Span "catalog.promotion.receive" (tracing.go): outermost, so the span
-//     covers everything the record costs, dead-lettering included.
+//  1. Receive span "catalog.promotion.receive" (tracing.go): outermost, so
+//     the span covers everything the record costs, dead-lettering included;
+//     it continues the trace context of the record's headers.
 //  2. Lag (lag.go): counts a record from arrival to ack, so the lag grows while
 //     a retry holds the record.
 //  3. PoisonQueue (poison.go): sees only what Retry gave up on as Permanent,

@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
@@ -114,7 +116,10 @@ type waiter[T, R any] struct {
 	key, serial string
 	item        T
 	locks       int
-	done        chan struct{}
+	// origin is the span of the message's handler, which the transaction's
+	// span continues or links to.
+	origin trace.SpanContext
+	done   chan struct{}
 	// Set before done closes.
 	result R
 	dup    bool
@@ -152,7 +157,7 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 		return result, false, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
 	}
 	w := &waiter[T, R]{key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
-		locks: g.locks(item), done: make(chan struct{})}
+		locks: g.locks(item), origin: trace.SpanContextFromContext(msg.Context()), done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	if g.running < g.cfg.Workers {
@@ -252,9 +257,21 @@ func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
 }
 
 // commit runs batch in one transaction and, once it committed, sets each
-// waiter's result.
+// waiter's result. Its span (catalog.promotion.commit) applies events of as
+// many traces as waiters: it continues the one handler span of a batch of
+// one, and links to each of a larger batch (StartBatchSpan).
 func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+	origins := make([]trace.SpanContext, len(batch))
+	for i, w := range batch {
+		origins[i] = w.origin
+	}
+	ctx, span := StartBatchSpan("catalog.promotion.commit", trace.SpanKindInternal, origins,
+		semconv.MessagingBatchMessageCount(len(batch)), semconv.DBSystemNamePostgreSQL)
+	defer func() {
+		EndSpan(span, err)
+		span.End()
+	}()
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancel()
 	tx, err := g.cfg.DB.BeginTxx(ctx, nil)
 	if err != nil {

@@ -13,6 +13,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
@@ -100,8 +103,8 @@ func PoisonQueue(pub message.Publisher, cfg PoisonConfig) (message.HandlerMiddle
 				return out, err
 			}
 			dlq, attrs := cfg.deadLetter(msg, perm)
-			if err := pub.Publish(cfg.Topic, dlq); err != nil {
-				return nil, fmt.Errorf("publish %s to dlq %s: %w", msg.UUID, cfg.Topic, err)
+			if err := cfg.publish(pub, msg, dlq); err != nil {
+				return nil, err
 			}
 			cfg.Logger.ErrorContext(msg.Context(), "dead-lettered", attrs...)
 			if cfg.OnDeadLetter != nil {
@@ -110,6 +113,22 @@ func PoisonQueue(pub message.Publisher, cfg PoisonConfig) (message.HandlerMiddle
 			return nil, nil
 		}
 	}, nil
+}
+
+// publish writes dlq under a span of its own in the trace of msg. The dead
+// letter keeps msg's trace headers, the event's creation context, so that a
+// replay of it continues that trace too.
+func (c PoisonConfig) publish(pub message.Publisher, msg, dlq *message.Message) error {
+	_, span := StartSpan(msg.Context(), "catalog.promotion.dead-letter", trace.SpanKindProducer, msg,
+		semconv.MessagingDestinationName(c.Topic), semconv.MessagingOperationTypeSend,
+		attribute.String("dlq.error_code", dlq.Metadata.Get(HeaderDLQErrorCode)))
+	defer span.End()
+	if err := pub.Publish(c.Topic, dlq); err != nil {
+		err = fmt.Errorf("publish %s to dlq %s: %w", msg.UUID, c.Topic, err)
+		EndSpan(span, err)
+		return err
+	}
+	return nil
 }
 
 // deadLetter builds the DLQ message and the attributes of its log record.

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -18,21 +19,36 @@ import (
 // which the process sets up from OTEL_* variables (a no-op when none are given).
 var tracer = otel.Tracer("github.com/promoflow/promoflow")
 
+// Receive opens the consumer's receive span named name around the rest of
+// the chain. It continues the trace context the record's headers carry, the
+// event's creation context (messaging semantic conventions: the consumer
+// span is its child), so that an event's consumption is in the trace of the
+// change that made it; a record without one starts a trace of its own.
+// group is the consumer group, an attribute of the span.
+func Receive(name, group string) message.HandlerMiddleware {
+	return spanMiddleware(name, trace.SpanKindConsumer, func(msg *message.Message) context.Context {
+		return event.ExtractTrace(msg.Context(), msg)
+	}, semconv.MessagingConsumerGroupName(group), semconv.MessagingOperationTypeReceive)
+}
+
 // Span opens a span named name around the rest of the chain, as a child of
 // the span the message's context holds, with the message's attributes (its
 // id, correlation id and purchase id, and where Kafka had it), and records
-// the chain's error. Placed outermost as the consumer's receive span, and
-// again further in, it gives the receive → process → store spans whose
+// the chain's error. Inside Receive it gives the process → store spans whose
 // correlation id a trace search joins.
 func Span(name string, kind trace.SpanKind) message.HandlerMiddleware {
+	return spanMiddleware(name, kind, (*message.Message).Context)
+}
+
+func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Message) context.Context, extra ...attribute.KeyValue) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			ctx, span := StartSpan(msg.Context(), name, kind, msg)
+			ctx, span := StartSpan(parent(msg), name, kind, msg, extra...)
 			defer span.End()
-			parent := msg.Context()
+			restore := msg.Context()
 			msg.SetContext(ctx)
 			out, err := h(msg)
-			msg.SetContext(parent)
+			msg.SetContext(restore)
 			EndSpan(span, err)
 			return out, err
 		}
@@ -51,6 +67,41 @@ func StartSpan(ctx context.Context, name string, kind trace.SpanKind, msg *messa
 	return ctx, span
 }
 
+// StartBatchSpan opens a span for work done once for items of several
+// origins (the span contexts that made them): one Kafka request of the
+// relay, one transaction of the consumer. Per the messaging semantic
+// conventions for batches, when every item has one origin the span is that
+// origin's child, so that it stays in that change's trace; otherwise it
+// starts a trace of its own and links to each distinct origin. Items
+// without an origin add none.
+func StartBatchSpan(name string, kind trace.SpanKind, origins []trace.SpanContext, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	links := make([]trace.Link, 0, 1)
+	seen := make(map[[24]byte]bool, 1)
+	for _, o := range origins {
+		if !o.IsValid() {
+			continue
+		}
+		var id [24]byte
+		tid, sid := o.TraceID(), o.SpanID()
+		copy(id[:16], tid[:])
+		copy(id[16:], sid[:])
+		if !seen[id] {
+			seen[id] = true
+			links = append(links, trace.Link{SpanContext: o})
+		}
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(attrs...)}
+	ctx := context.Background()
+	switch len(links) {
+	case 0:
+	case 1:
+		ctx = trace.ContextWithRemoteSpanContext(ctx, links[0].SpanContext)
+	default:
+		opts = append(opts, trace.WithNewRoot(), trace.WithLinks(links...))
+	}
+	return tracer.Start(ctx, name, opts...)
+}
+
 // EndSpan marks span failed when err is not nil.
 func EndSpan(span trace.Span, err error) {
 	if err != nil {
@@ -59,22 +110,28 @@ func EndSpan(span trace.Span, err error) {
 	}
 }
 
-// MessageAttrs are the span attributes of one event message.
+// MessageAttrs are the span attributes of one event message (messaging
+// semantic conventions, and the seed's correlation id as correlation_id).
 func MessageAttrs(msg *message.Message) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{
-		attribute.String("messaging.system", "kafka"),
-		attribute.String("messaging.message.id", msg.UUID),
+		semconv.MessagingSystemKafka,
+		semconv.MessagingMessageID(msg.UUID),
 		attribute.String("correlation_id", msg.Metadata.Get(event.HeaderCorrelationID)),
 		attribute.String("purchase.id", msg.Metadata.Get(event.HeaderAggregateID)),
+		attribute.String("tenant.id", msg.Metadata.Get(event.HeaderTenantID)),
 	}
-	if topic := message.SubscribeTopicFromCtx(msg.Context()); topic != "" {
-		attrs = append(attrs, attribute.String("messaging.destination.name", topic))
+	ctx := msg.Context()
+	if topic := message.SubscribeTopicFromCtx(ctx); topic != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(topic))
 	}
-	if p, ok := kafka.MessagePartitionFromCtx(msg.Context()); ok {
-		attrs = append(attrs, attribute.String("messaging.kafka.partition", strconv.Itoa(int(p))))
+	if key, ok := kafka.MessageKeyFromCtx(ctx); ok && key != nil {
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(key)))
 	}
-	if o, ok := kafka.MessagePartitionOffsetFromCtx(msg.Context()); ok {
-		attrs = append(attrs, attribute.Int64("messaging.kafka.offset", o))
+	if p, ok := kafka.MessagePartitionFromCtx(ctx); ok {
+		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(int(p))))
+	}
+	if o, ok := kafka.MessagePartitionOffsetFromCtx(ctx); ok {
+		attrs = append(attrs, semconv.MessagingKafkaOffset(int(o)))
 	}
 	return attrs
 }

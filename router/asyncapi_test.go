@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"go/ast"
 	"go/parser"
@@ -18,6 +19,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/trace"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -90,7 +93,10 @@ func TestAsyncAPI_DocumentIsValid(t *testing.T) {
 	// Headers: the contract's on the purchase topic (as watermill-kafka
 	// writes them), and every one of them plus the DLQ's on the DLQ and the
 	// replay topic.
+	// The trace context's headers (event.TraceHeaders) are the propagators'.
 	eventHeaders := append(constants(t, headerSources["event"], "Header"), kafka.UUIDHeaderKey)
+	eventHeaders = append(eventHeaders, event.TraceHeaders...)
+	event.InjectTrace(tracedContext(t), msg)
 	record, err := kafka.DefaultMarshaler{}.Marshal(event.Topic, msg)
 	require.NoError(t, err)
 	var written []string
@@ -185,4 +191,19 @@ func catalogTestEvent() event.PurchaseChanged {
 		Targets:     []event.Target{{TargetKind: event.TargetProject, TargetId: uuid.New()}},
 		BoostWeight: 10, Status: event.StatusActive, PaymentStatus: "NotRequired",
 		StartsAt: time.Now().UTC(), EndsAt: time.Now().Add(time.Hour).UTC(), Version: 1}
+}
+
+// tracedContext holds a sampled span context with a tracestate and a baggage
+// member, as a writer's request may have them.
+func tracedContext(t *testing.T) context.Context {
+	t.Helper()
+	state, err := trace.ParseTraceState("vendor=value")
+	require.NoError(t, err)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1},
+		TraceFlags: trace.FlagsSampled, TraceState: state})
+	member, err := baggage.NewMember("tenant", "t1")
+	require.NoError(t, err)
+	bag, err := baggage.New(member)
+	require.NoError(t, err)
+	return baggage.ContextWithBaggage(trace.ContextWithSpanContext(context.Background(), sc), bag)
 }

@@ -167,8 +167,9 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	if err != nil {
 		return nil, err
 	}
+	// The receive span, outermost, continues the trace of the record's
+	// headers and names the topic's group (added per topic below).
 	consumerChain := []message.HandlerMiddleware{
-		middleware.Span("catalog.promotion.receive", trace.SpanKindConsumer),
 		m.lag.Middleware,
 		poison,
 		mw.retry,
@@ -187,7 +188,8 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		if err != nil {
 			return nil, err
 		}
-		r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle).AddMiddleware(consumerChain...)
+		receive := middleware.Receive("catalog.promotion.receive", group)
+		r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle).AddMiddleware(append([]message.HandlerMiddleware{receive}, consumerChain...)...)
 	}
 	if err := c.addJobs(db, m, log, cfg, wlog); err != nil {
 		return nil, err

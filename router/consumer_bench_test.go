@@ -57,19 +57,25 @@ var perEventWorkers = []int{2, 4, 8, 16, 32}
 //     applies a quarter of the events, and the fastest applies them all.
 //     consumer/per-event is what the group commit gains.
 //
+// Beside the consumer, the same consumer with tracing on (the default
+// sampler, spans exported over OTLP/HTTP, each event with a writer's trace
+// context in its headers): tracing-on/off is the cost of tracing
+// (docs/benchmarks.md); consumer-events/s is the consumer with tracing off.
+//
 // The order alternates between partition counts (and runs): per-event,
-// consumer, batched; then consumer, batched, per-event. The batched side
-// always follows the consumer whose batch sizes it replays; the consumer is
-// stopped before any other side runs. It reports the events/s of each side,
-// both ratios, the per-event side's best concurrency and the consumer's mean
-// events per transaction, and checks that every side ends in the same state.
+// consumer (off, on), batched; then consumer (on, off), batched, per-event.
+// The batched side always follows the consumer whose batch sizes it
+// replays, the one with tracing off; a consumer is stopped before any other
+// side runs. It reports the events/s of each side, the ratios, the
+// per-event side's best concurrency and the consumer's mean events per
+// transaction, and checks that every side ends in the same state.
 func BenchmarkConsumer(b *testing.B) {
 	withoutSpanRecording(b)
 	for k, partitions := range consumerPartitions() {
 		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
-			var consumer, batched, perEvent throughput
+			var consumer, traced, batched, perEvent throughput
 			var perEventWorkersBest []int
-			var cpu cpuPerEvent
+			var cpu, tracedCPU cpuPerEvent
 			var peakMB float64
 			for i := range b.N {
 				var state *consumerBench
@@ -83,10 +89,21 @@ func BenchmarkConsumer(b *testing.B) {
 				if (k+i)%2 == 0 {
 					runPerEvent()
 				}
-				kc := newConsumerBench(b, partitions)
-				sizes, mb := kc.consume(b, partitions, &consumer, &cpu)
-				peakMB = max(peakMB, mb)
-				state = state.same(b, kc)
+				// The consumer with tracing off and on, on databases of their own.
+				var sizes []int
+				tracingSides(b, k+i, func() struct{} {
+					kc := newConsumerBench(b, partitions)
+					if tracingIsOn() {
+						traceWrites(each(kc.msgs)...)
+						kc.consume(b, partitions, &traced, &tracedCPU)
+					} else {
+						var mb float64
+						sizes, mb = kc.consume(b, partitions, &consumer, &cpu)
+						peakMB = max(peakMB, mb)
+					}
+					state = state.same(b, kc)
+					return struct{}{}
+				})
 				b.Logf("events per consumer transaction: mean %.1f over %d transactions (%d partitions)",
 					float64(sum(sizes))/float64(len(sizes)), len(sizes), partitions)
 
@@ -105,8 +122,20 @@ func BenchmarkConsumer(b *testing.B) {
 			b.ReportMetric(consumer.rate()/perEvent.rate(), "ratio-vs-per-event")
 			b.ReportMetric(peakMB, "peak-rss-MB")
 			cpu.report(b, "consumer")
+			b.ReportMetric(traced.rate(), "consumer-traced-events/s")
+			b.ReportMetric(traced.rate()/consumer.rate(), "tracing-on/off")
+			b.ReportMetric(float64(tracedCPU.consumer.Microseconds())/float64(tracedCPU.events), "consumer-traced-cpu-us/event")
 		})
 	}
+}
+
+// each is msgs, one group per message: one writer's transaction per event.
+func each(msgs []*message.Message) [][]*message.Message {
+	out := make([][]*message.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = []*message.Message{m}
+	}
+	return out
 }
 
 type consumerBench struct {

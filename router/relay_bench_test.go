@@ -40,31 +40,38 @@ func benchSize(full, short int) int {
 // (acks=all, idempotent) against a bare SendMessages of the same records with
 // the same producer config, in the same run. The outbox is written as the
 // expirer writes it (200 events per transaction) and as the purchase API does
-// (1 per transaction). Reports events/s of both and their ratio.
+// (1 per transaction). Reports events/s of both and their ratio, and the
+// relay with tracing on (the default sampler, exported over OTLP/HTTP, every
+// event with a writer's trace context) beside it off: their ratio is the
+// cost of tracing (docs/benchmarks.md).
 func BenchmarkRelay(b *testing.B) {
 	withoutSpanRecording(b)
 	n := benchSize(20_000, 2_000)
 	for _, perTx := range []int{expire.BatchSizeDefault, 1} {
 		b.Run(fmt.Sprintf("events-per-tx=%d", perTx), func(b *testing.B) {
-			var bareSecs, relaySecs, peakMB float64
+			var bareSecs, relaySecs, tracedSecs, peakMB float64
 			// Alternate which side goes first, so neither always meets a warmer broker.
 			for i := range b.N {
 				if i%2 == 0 {
 					bareSecs += bareSend(b, n)
 				}
-				run := relay(b, n, perTx, 1)
-				relaySecs += run.secs
-				peakMB = max(peakMB, run.peakMB)
+				off, on := tracingSides(b, i, func() relayRun { return relay(b, n, perTx, 1) })
+				relaySecs += off.secs
+				tracedSecs += on.secs
+				peakMB = max(peakMB, off.peakMB)
 				if i%2 == 1 {
 					bareSecs += bareSend(b, n)
 				}
 			}
 			bare := float64(n*b.N) / bareSecs
 			got := float64(n*b.N) / relaySecs
+			traced := float64(n*b.N) / tracedSecs
 			b.ReportMetric(bare, "bare-events/s")
 			b.ReportMetric(got, "relay-events/s")
 			b.ReportMetric(got/bare, "ratio")
 			b.ReportMetric(peakMB, "relay-peak-rss-MB")
+			b.ReportMetric(traced, "relay-traced-events/s")
+			b.ReportMetric(traced/got, "tracing-on/off")
 		})
 	}
 }
@@ -121,6 +128,7 @@ func relay(b *testing.B, n, perTx, processes int) relayRun {
 	for i := 0; i < n; i += perTx {
 		txs = append(txs, msgs[i:min(i+perTx, n)])
 	}
+	traceWrites(txs...)
 	writeOutbox(b, procs[0], txs...)
 	for i := range procs {
 		stop := procs[i].startRouter(b, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))

@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/outbox"
@@ -23,10 +25,17 @@ type batchResult struct {
 }
 
 // batch is one transaction. It runs on a context that shutdown does not cancel,
-// bounded by BatchTimeout, so that it commits or rolls back whole.
-func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, poison map[uuid.UUID]bool) (batchResult, error) {
+// bounded by BatchTimeout, so that it commits or rolls back whole. Its span,
+// a child of the cycle's, is the creation context of every event it writes.
+func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, poison map[uuid.UUID]bool) (b batchResult, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), e.cfg.BatchTimeout)
 	defer cancel()
+	ctx, span := tracer.Start(ctx, "promotion.expire.batch", trace.WithAttributes(attribute.String("correlation_id", res.RunID)))
+	defer func() {
+		span.SetAttributes(attribute.Int("selected_count", b.selected), attribute.Int("expired_count", b.expired),
+			attribute.Int("poison_count", b.poison))
+		endSpan(span, err)
+	}()
 
 	tx, err := outbox.BeginTx(ctx, e.db, nil)
 	if err != nil {
@@ -58,7 +67,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		}
 		due = append(due, p)
 	}
-	b := batchResult{selected: len(rows), poison: len(rows) - len(due)}
+	b = batchResult{selected: len(rows), poison: len(rows) - len(due)}
 	if len(due) == 0 {
 		return b, tx.Commit()
 	}
@@ -78,6 +87,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		if err != nil {
 			return batchResult{}, err
 		}
+		event.InjectTrace(ctx, msg)
 		msgs = append(msgs, msg)
 	}
 	if len(msgs) > 0 {

@@ -25,11 +25,7 @@ func (e *Expirer) RunCycle(ctx context.Context) (res Result, err error) {
 	defer func() {
 		span.SetAttributes(attribute.Int("expired_count", res.ExpiredCount), attribute.Int("poison_count", res.PoisonCount),
 			attribute.Int("skipped_locked_count", res.SkippedLockedCount), attribute.Int("batches", res.Batches))
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
+		endSpan(span, err)
 	}()
 	log := e.log.With("runId", res.RunID)
 	// Read even when shutdown has begun, as a batch would be: the loop below
@@ -103,4 +99,13 @@ func keys(m map[uuid.UUID]bool) []uuid.UUID {
 		out = append(out, id)
 	}
 	return out
+}
+
+// endSpan records err, if any, on span and ends it.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

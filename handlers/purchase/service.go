@@ -12,6 +12,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/outbox"
@@ -96,7 +100,7 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 	}
 	p = NewActive(uuid.New(), tenant, d, now)
 
-	err = s.inTx(ctx, func(otx *outbox.Tx) error {
+	err = s.inTx(ctx, "promotion.purchase.create", p, correlationID, func(ctx context.Context, otx *outbox.Tx) error {
 		tx := otx.Tx
 		if err := InsertTx(ctx, tx, p); err != nil {
 			return err
@@ -111,7 +115,7 @@ func (s *Service) Create(ctx context.Context, tenant uuid.UUID, idempotencyKey s
 				return errReplay
 			}
 		}
-		return s.publishTx(otx, p, correlationID, now)
+		return s.publishTx(ctx, otx, p, correlationID, now)
 	})
 	if errors.Is(err, errReplay) {
 		p, err = s.replay(ctx, tenant, idempotencyKey, hash)
@@ -166,7 +170,7 @@ func (s *Service) replay(ctx context.Context, tenant uuid.UUID, key string, hash
 // ErrTerminal with the Expired purchase) or skips the row.
 func (s *Service) Cancel(ctx context.Context, tenant, id uuid.UUID, correlationID string) (Purchase, error) {
 	var p Purchase
-	err := s.inTx(ctx, func(otx *outbox.Tx) error {
+	err := s.inTx(ctx, "promotion.purchase.cancel", Purchase{ID: id, TenantID: tenant}, correlationID, func(ctx context.Context, otx *outbox.Tx) error {
 		tx := otx.Tx
 		var err error
 		if p, err = LockTx(ctx, tx, tenant, id); err != nil {
@@ -179,7 +183,7 @@ func (s *Service) Cancel(ctx context.Context, tenant, id uuid.UUID, correlationI
 		if err := SaveTransitionTx(ctx, tx, p); err != nil {
 			return err
 		}
-		return s.publishTx(otx, p, correlationID, now)
+		return s.publishTx(ctx, otx, p, correlationID, now)
 	})
 	return p, err
 }
@@ -194,21 +198,35 @@ func (s *Service) List(ctx context.Context, tenant uuid.UUID, status event.Statu
 	return List(ctx, s.db, tenant, status, limit)
 }
 
-func (s *Service) publishTx(tx *outbox.Tx, p Purchase, correlationID string, at time.Time) error {
+// publishTx writes p's event into the outbox with the span context of ctx,
+// the transaction's span: the event's creation context.
+func (s *Service) publishTx(ctx context.Context, tx *outbox.Tx, p Purchase, correlationID string, at time.Time) error {
 	msg, err := event.NewMessage(p.Event(), correlationID, at)
 	if err != nil {
 		return err
 	}
+	event.InjectTrace(ctx, msg)
 	return outbox.PublishTx(tx, s.cfg.Topic, msg)
 }
 
-// inTx runs fn in a transaction that may write the outbox.
-func (s *Service) inTx(ctx context.Context, fn func(tx *outbox.Tx) error) error {
+// inTx runs fn in a transaction that may write the outbox, under a span
+// named name (a child of the request's) that fn's context holds.
+func (s *Service) inTx(ctx context.Context, name string, p Purchase, correlationID string, fn func(ctx context.Context, tx *outbox.Tx) error) (err error) {
+	ctx, span := tracer.Start(ctx, name, trace.WithAttributes(attribute.String("correlation_id", correlationID),
+		attribute.String("purchase.id", p.ID.String()), attribute.String("tenant.id", p.TenantID.String())))
+	defer func() {
+		if err != nil && !errors.Is(err, errReplay) {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.SetAttributes(attribute.Bool("idempotent_replayed", errors.Is(err, errReplay)))
+		span.End()
+	}()
 	tx, err := outbox.BeginTx(ctx, s.db, nil)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	if err := fn(ctx, tx); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
@@ -217,6 +235,9 @@ func (s *Service) inTx(ctx context.Context, fn func(tx *outbox.Tx) error) error 
 	}
 	return nil
 }
+
+// tracer names the purchase API's transaction spans; it follows the global provider.
+var tracer = otel.Tracer("github.com/promoflow/promoflow/handlers/purchase")
 
 func requestHash(d Draft) ([]byte, error) {
 	raw, err := json.Marshal(d)

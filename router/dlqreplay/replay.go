@@ -20,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
@@ -64,7 +65,9 @@ func (r *Replayer) Progress() *bounded.Progress { return &r.progress }
 // records and publishes and commits nothing.
 func (r *Replayer) Run(ctx context.Context) (Result, error) {
 	start := time.Now()
+	ctx, span := r.startRun(ctx)
 	res := func(err error) (Result, error) {
+		r.endRun(span, err)
 		return Result{Group: r.cfg.Group, Counts: r.progress.Snapshot(), Duration: time.Since(start)}, err
 	}
 	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-dlq-replay")
@@ -103,7 +106,7 @@ func (r *Replayer) Run(ctx context.Context) (Result, error) {
 	if r.cfg.DryRun {
 		return res(r.dryRun(ctx, client, ranges))
 	}
-	return res(r.forward(ctx, parts, ranges))
+	return res(r.forward(ctx, parts, ranges, trace.SpanContextFromContext(ctx)))
 }
 
 // groupIdle refuses a group in which another replay runs, before joining it.
@@ -150,8 +153,8 @@ func remaining(admin sarama.ClusterAdmin, group string, parts []bounded.Partitio
 }
 
 // forward runs the Watermill forwarder from the group source to the replay
-// topic, keyed by each record's own key.
-func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, ranges []bounded.Range) error {
+// topic, keyed by each record's own key; each record's span links to run.
+func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, ranges []bounded.Range, run trace.SpanContext) error {
 	wlog := watermill.NewSlogLogger(r.cfg.Log)
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               r.cfg.Kafka.Brokers,
@@ -163,7 +166,7 @@ func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, range
 	}
 	defer pub.Close()
 	src := newSource(r.cfg, &r.progress, len(parts), ranges)
-	fwd, err := forwarder.NewForwarder(src, pub, wlog, forwarder.Config{
+	fwd, err := forwarder.NewForwarder(src, tracingPublisher{pub, run}, wlog, forwarder.Config{
 		ForwarderTopic: r.cfg.DLQTopic,
 		Middlewares:    []message.HandlerMiddleware{r.progress.CountReplayed},
 	})
