@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -264,4 +266,70 @@ func requireOpenAPI31(t *testing.T, doc []byte) {
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	require.NoError(t, err)
 	require.NoError(t, schema.Validate(inst), "not an OpenAPI 3.1 document")
+}
+
+// TestOpenAPI_LinksLeadFromAnAnswerToAnOperationThatTakesItsValue: a link
+// names an operation of its document, fills exactly that operation's path
+// parameters, and takes each value from where the answer or the request has
+// it, a required member of the answer's body or a path parameter, so that a
+// client (and Schemathesis' stateful phase) following it reaches a real
+// purchase or card. Every operation that creates or stores has links.
+func TestOpenAPI_LinksLeadFromAnAnswerToAnOperationThatTakesItsValue(t *testing.T) {
+	t.Parallel()
+	for name, want := range map[string][]string{
+		promotionDocument: {"createPurchase 201", "createPurchase 200", "getPurchase 200", "cancelPurchase 200"},
+		catalogDocument:   {"putProjectCard 200", "putPropertyObjectCard 200"},
+	} {
+		doc := loadDocument(t, name)
+		type operation struct {
+			item *openapi3.PathItem
+			op   *openapi3.Operation
+		}
+		byID := map[string]operation{}
+		for _, item := range doc.Paths.Map() {
+			for _, op := range item.Operations() {
+				byID[op.OperationID] = operation{item, op}
+			}
+		}
+		var linked []string
+		for path, item := range doc.Paths.Map() {
+			for _, op := range item.Operations() {
+				for status, resp := range op.Responses.Map() {
+					for linkName, link := range resp.Value.Links {
+						where := fmt.Sprintf("%s: %s %s link %s", name, op.OperationID, status, linkName)
+						target, ok := byID[link.Value.OperationID]
+						require.True(t, ok, "%s names no operation of the document", where)
+						wantParams := pathParameters(target.item, target.op)
+						require.ElementsMatch(t, wantParams, slices.Collect(maps.Keys(link.Value.Parameters)), "%s fills the path parameters", where)
+						for _, expr := range link.Value.Parameters {
+							member, fromBody := strings.CutPrefix(expr.(string), "$response.body#/")
+							if fromBody {
+								schema := resp.Value.Content.Get("application/json").Schema.Value
+								require.Contains(t, schema.Required, member, "%s takes %s, which the answer does not always hold", where, expr)
+								continue
+							}
+							param, fromPath := strings.CutPrefix(expr.(string), "$request.path.")
+							require.True(t, fromPath, "%s: %s is neither a member of the body nor a path parameter", where, expr)
+							require.Contains(t, pathParameters(item, op), param, "%s: %s", where, path)
+						}
+						linked = append(linked, op.OperationID+" "+status)
+					}
+				}
+			}
+		}
+		for _, w := range want {
+			require.Contains(t, linked, w, "%s: %s has no link", name, w)
+		}
+	}
+}
+
+// pathParameters names the path parameters of op, its own and its path's.
+func pathParameters(item *openapi3.PathItem, op *openapi3.Operation) []string {
+	var names []string
+	for _, p := range append(slices.Clone(item.Parameters), op.Parameters...) {
+		if p.Value.In == openapi3.ParameterInPath {
+			names = append(names, p.Value.Name)
+		}
+	}
+	return names
 }
