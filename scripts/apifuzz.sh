@@ -118,6 +118,7 @@ ADMIN_TOKEN=$($PY -c 'import secrets; print(secrets.token_urlsafe(24))')
 start() {
 	local name=$1 command=$2 out=$LOG_DIR/$1.log
 	shift 2
+	: >"$out" # there before the process is, for the loop below to read
 	env DATABASE_URL="$FUZZ_DATABASE_URL" KAFKA_BROKERS="$KAFKA_BROKERS" HTTP_ADDR=127.0.0.1:0 \
 		PROMOTION_TOPIC="apifuzz.$RUN.purchase-changed" KAFKA_TOPIC_PARTITIONS=1 "$@" \
 		"$LOG_DIR/promoflow" "$command" >"$out" 2>&1 &
