@@ -72,6 +72,8 @@ func TestCatalogAPI_FeedRejectsBadInputAndStrangers(t *testing.T) {
 		"price beyond numeric":      {"property-objects", `{"ProjectId":"` + id + `","Price":1e131072}`, 422, "validation_failed"},
 		"string beyond the pattern": {"property-objects", `{"ProjectId":"` + id + `","Price":"-94.4E652990137"}`, 400, "malformed_json"},
 		"min price beyond numeric":  {"projects", `{"MinPrice":-5e-16384}`, 422, "validation_failed"},
+		// Within numeric's range, but its answer would be 10675 digits long.
+		"price of four-digit exponent": {"property-objects", `{"ProjectId":"` + id + `","Price":9242.868E10671}`, 422, "validation_failed"},
 		// The issue's empty card from a null body.
 		"null body":              {"projects", `null`, 422, "not_an_object"},
 		"string body":            {"projects", `"card"`, 422, "not_an_object"},
@@ -97,7 +99,7 @@ func TestCatalogAPI_FeedAcceptsEveryFormTheDocumentAllows(t *testing.T) {
 	project := uuid.NewString()
 	for _, body := range []string{
 		`{"PropertyObjectsAvailable":-2147483648,"MinPrice":"1e999","UpdatedAt":"","Id":"not an id","PromotionBoost":"high"}`,
-		`{"PropertyObjectsAvailable":2147483647,"Payback":1e-16383,"Title":null,"Status":null}`,
+		`{"PropertyObjectsAvailable":2147483647,"Payback":1e-999,"Title":null,"Status":null}`,
 		`{"PropertyObjectsAvailable":12.0,"MinPrice":"-0.50","Title":"Tower","Visibility":"Visible"}`,
 	} {
 		r := b.do(t, "PUT", "/cards/projects/"+project, "admin", body)

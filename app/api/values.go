@@ -43,7 +43,7 @@ func (n *integer) UnmarshalJSON(b []byte) error {
 	if err != nil {
 		return orForm(err, "not an integer")
 	}
-	if intDigits, _ := num.sizes(); intDigits > 19 {
+	if num.intDigits() > 19 {
 		return &brokenRule{"must be within -9223372036854775808..9223372036854775807"}
 	}
 	whole := num.digits[:min(max(num.point, 0), len(num.digits))]
@@ -67,46 +67,34 @@ func (n *integer) value() int64 {
 	return int64(*n)
 }
 
-// decimalPattern is the document's pattern of a decimal given as a string:
-// JSON's number grammar with at most 1000 digits on either side of the point
-// and a three-digit exponent, so that every such string is within
-// PostgreSQL numeric's range.
+// decimalPattern is the form of a decimal: JSON's number grammar with at
+// most 1000 digits on either side of the point and a three-digit exponent.
+// Every such value is within PostgreSQL numeric's range (131072 digits
+// before the point, 16383 after), and its answer, at most 1999 digits on
+// either side, is one that JSON parsers read (Python's refuses integers of
+// more than 4300 digits). The document states it as the pattern of the
+// string form; for a number it is a rule (422), a JSON Schema cannot see a
+// number's digits.
 var decimalPattern = regexp.MustCompile(`^-?(0|[1-9][0-9]{0,999})(\.[0-9]{1,1000})?([eE][+-]?[0-9]{1,3})?$`)
 
-// PostgreSQL numeric's range: the digits before the point (leading zeros
-// aside), the digits after it (trailing zeros included), and the exponent
-// this API reads at most.
-const (
-	numericIntDigits = 131072
-	numericScale     = 16383
-	maxExponent      = 1000000
-)
-
-// decimal is a JSON number within PostgreSQL numeric's range, or a string of
-// decimalPattern, kept as its text.
+// decimal is a JSON number or a string of decimalPattern, kept as its text.
 type decimal string
 
 func (d *decimal) UnmarshalJSON(b []byte) error {
-	if strings.HasPrefix(string(b), `"`) {
-		var s string
+	s := string(b)
+	if strings.HasPrefix(s, `"`) {
 		if err := json.Unmarshal(b, &s); err != nil {
 			return err
 		}
 		if !decimalPattern.MatchString(s) {
 			return fmt.Errorf("%q is not a decimal in JSON's number form with at most 1000 digits on either side of the point and a three-digit exponent", truncate(s))
 		}
-		*d = decimal(s)
-		return nil
+	} else if !jsonNumber.MatchString(s) {
+		return errors.New("not a number or a string that holds one")
+	} else if !decimalPattern.MatchString(s) {
+		return &brokenRule{"must have at most 1000 digits on either side of the point and a three-digit exponent"}
 	}
-	num, err := parseNumber(string(b))
-	if err != nil {
-		return orForm(err, "not a number or a string that holds one")
-	}
-	if intDigits, scale := num.sizes(); intDigits > numericIntDigits || scale > numericScale {
-		return &brokenRule{fmt.Sprintf("must be within PostgreSQL numeric's range: at most %d digits before the point and %d after",
-			numericIntDigits, numericScale)}
-	}
-	*d = decimal(b)
+	*d = decimal(s)
 	return nil
 }
 
@@ -125,6 +113,10 @@ type number struct {
 	digits string // the digits of the integer part, then those of the fraction
 	point  int    // how many of digits come before the point once the exponent is applied
 }
+
+// maxExponent is the widest exponent an integer is read with: 0e1000000
+// is 0, and wider ones are refused before they cost anything.
+const maxExponent = 1000000
 
 var jsonNumber = regexp.MustCompile(`^(-?)(0|[1-9][0-9]*)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?$`)
 
@@ -146,15 +138,14 @@ func parseNumber(s string) (number, error) {
 	return number{sign: m[1], digits: m[2] + m[3], point: len(m[2]) + exp}, nil
 }
 
-// sizes is what PostgreSQL numeric counts of the number: its digits before
-// the point, leading zeros aside, and after it, trailing zeros included.
-func (n number) sizes() (intDigits, scale int) {
-	scale = max(0, len(n.digits)-n.point)
+// intDigits is how many digits the number has before its point, leading
+// zeros aside.
+func (n number) intDigits() int {
 	lead := len(n.digits) - len(strings.TrimLeft(n.digits, "0"))
 	if lead == len(n.digits) {
-		return 0, scale // zero, whatever its exponent
+		return 0 // zero, whatever its exponent
 	}
-	return max(0, n.point-lead), scale
+	return max(0, n.point-lead)
 }
 
 // text is a JSON string that PostgreSQL text holds: one without U+0000.
