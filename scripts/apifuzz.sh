@@ -155,8 +155,9 @@ SHORT=()
 fuzz() {
 	local name=$1 addr=$2 token=$3 out=$LOG_DIR/$1.schemathesis.txt rc=0 start=$SECONDS
 	log "st run http://$addr/openapi.json ($name, seed $SEED, $EXAMPLES examples)"
-	# In LOG_DIR: Schemathesis keeps its crash files in its working folder.
-	(cd "$LOG_DIR" && SCHEMATHESIS_HOOKS=$ROOT/scripts/apifuzz/hooks.py "$ST" --config-file "$ROOT/scripts/apifuzz/$name.toml" \
+	# In LOG_DIR, without bytecode beside hooks.py: nothing of the run lands in
+	# the checkout (Schemathesis keeps its crash files in its working folder).
+	(cd "$LOG_DIR" && PYTHONDONTWRITEBYTECODE=1 SCHEMATHESIS_HOOKS=$ROOT/scripts/apifuzz/hooks.py "$ST" --config-file "$ROOT/scripts/apifuzz/$name.toml" \
 		run "http://$addr/openapi.json" --checks all --phases examples,coverage,fuzzing,stateful \
 		--seed "$SEED" --max-examples "$EXAMPLES" --header "Authorization: Bearer $token" \
 		--generation-database none --report junit --report-dir "$LOG_DIR/$name" --no-color </dev/null 2>&1) |
