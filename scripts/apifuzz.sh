@@ -21,7 +21,7 @@
 #
 # Environment:
 #   PROMOFLOW_CACHE                 where the virtual environment lives  [~/.cache/promoflow]
-#   PROMOFLOW_APIFUZZ_EXAMPLES      most cases per operation and phase   [400]
+#   PROMOFLOW_APIFUZZ_EXAMPLES      most cases per operation and phase   [500]
 #   PROMOFLOW_APIFUZZ_SEED          Schemathesis' seed                   [24]
 #   PROMOFLOW_APIFUZZ_LOG_DIR       process logs and Schemathesis' reports [a temp dir]
 # The topics (apifuzz.<run>.*, one partition each) stay on the brokers.
@@ -31,7 +31,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 REQUIREMENTS=$ROOT/scripts/apifuzz/requirements.txt
 SCHEMATHESIS_VERSION=$(sed -n 's/^schemathesis==//p' "$REQUIREMENTS")
-EXAMPLES=${PROMOFLOW_APIFUZZ_EXAMPLES:-400}
+EXAMPLES=${PROMOFLOW_APIFUZZ_EXAMPLES:-500}
 SEED=${PROMOFLOW_APIFUZZ_SEED:-24}
 : "${HOME:=$(getent passwd "$(id -u)" | cut -d: -f6)}"
 CACHE_DIR=${PROMOFLOW_CACHE:-$HOME/.cache/promoflow}
