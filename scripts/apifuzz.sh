@@ -45,10 +45,6 @@ if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
 	export PATH=$PATH:/usr/local/go/bin
 fi
 command -v go >/dev/null || die "go not found (expected on PATH or in /usr/local/go/bin)"
-command -v python3 >/dev/null || die "python3 not found"
-command -v psql >/dev/null || die "psql not found (Debian package postgresql-client)"
-
-# ------------------------------------------------------------- schemathesis
 
 # apt_install installs Debian packages, as root only.
 apt_install() {
@@ -57,6 +53,11 @@ apt_install() {
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
 }
+command -v python3 >/dev/null || apt_install python3 python3-venv
+# The database of the run is made and dropped with psql.
+command -v psql >/dev/null || apt_install postgresql-client
+
+# ------------------------------------------------------------- schemathesis
 
 # The marker holds the requirements the environment was made from: a run
 # with other ones, or after an interrupted install, makes it afresh.
