@@ -10,8 +10,10 @@
 #    fetches the Kafka jars that the TLS/SASL tests start a broker from;
 # 3. go vet ./... and go test -race -count=1 -timeout 30m -v ./... "$@";
 # 4. a short fuzz run (15s) for every Fuzz* function in the repo;
-# 5. stops the services that it started itself;
-# 6. the fault-injection suite in its short form (scripts/faults.sh short, on
+# 5. both HTTP APIs against Schemathesis (scripts/apifuzz.sh: its own
+#    database and topics on the same stack; PROMOFLOW_SKIP_APIFUZZ=1 skips it);
+# 6. stops the services that it started itself;
+# 7. the fault-injection suite in its short form (scripts/faults.sh short, on
 #    a stack of its own; PROMOFLOW_SKIP_FAULTS=1 skips it), and exits non-zero
 #    if any step failed (with go test's own status when go test failed).
 set -euo pipefail
@@ -166,6 +168,18 @@ while read -r pkg name; do
 	fi
 done < <(find_fuzz_targets)
 
+# Both APIs against an independent fuzzer, on the same stack.
+apifuzz_rc=0
+apifuzz_note="skipped (PROMOFLOW_SKIP_APIFUZZ=1)"
+if [[ ${PROMOFLOW_SKIP_APIFUZZ:-0} != 1 ]]; then
+	apifuzz_out=$(mktemp)
+	log "API fuzzing: scripts/apifuzz.sh"
+	bash "$ROOT/scripts/apifuzz.sh" </dev/null 2>&1 | tee "$apifuzz_out" || apifuzz_rc=$?
+	apifuzz_note=$(grep -E '^apifuzz: (PASS|FAIL): ' "$apifuzz_out" | tail -n 1 | sed 's/^apifuzz: //; s/; Schemathesis .*//')
+	apifuzz_note=${apifuzz_note:-"did not finish (exit $apifuzz_rc)"}
+	rm -f "$apifuzz_out"
+fi
+
 # Stop our services now rather than in the EXIT trap, so that the summary
 # below really is the last output (and the fault suite has the machine).
 stop_started
@@ -187,7 +201,7 @@ fi
 rc=0
 if ((test_rc != 0)); then
 	rc=$test_rc
-elif ((vet_rc != 0 || rules_rc != 0 || faults_rc != 0 || ${#fuzz_failed[@]} != 0)); then
+elif ((vet_rc != 0 || rules_rc != 0 || apifuzz_rc != 0 || faults_rc != 0 || ${#fuzz_failed[@]} != 0)); then
 	rc=1
 fi
 vet_note=ok
@@ -201,7 +215,7 @@ verdict=PASS
 echo
 rules_note=ok
 ((rules_rc == 0)) || rules_note=FAILED
-echo "test.sh: $verdict: go vet $vet_note; alert rules $rules_note; go test $test_note; fuzz $fuzz_note; faults $faults_note; stack: $STACK_NOTE"
+echo "test.sh: $verdict: go vet $vet_note; alert rules $rules_note; go test $test_note; fuzz $fuzz_note; api fuzz $apifuzz_note; faults $faults_note; stack: $STACK_NOTE"
 echo "packages: $pkgs_ok ok, $pkgs_failed failed"
 # Closing line in the plain "N passed, N failed" form, counting top-level tests.
 echo "tests: $tests_ok passed, $tests_failed failed, $tests_skipped skipped"

@@ -77,14 +77,6 @@ type PropertyObjectCard struct {
 	UpdatedAt      *time.Time   `json:"UpdatedAt,omitempty"`
 }
 
-func numStr(n *json.Number) *string {
-	if n == nil {
-		return nil
-	}
-	s := n.String()
-	return &s
-}
-
 func strNum(s *string) *json.Number {
 	if s == nil {
 		return nil
@@ -101,57 +93,6 @@ func projectView(c boost.ProjectCard) ProjectCard {
 func objectView(c boost.PropertyObjectCard) PropertyObjectCard {
 	return PropertyObjectCard{Id: c.ID, ProjectId: c.ProjectID, Published: c.Published, Status: c.Status,
 		Price: strNum(c.Price), PromotionBoost: c.PromotionBoost, UpdatedAt: &c.UpdatedAt}
-}
-
-// decode reads one JSON object with no unknown fields, or answers 400.
-func decode(w http.ResponseWriter, r *http.Request, into any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	dec.UseNumber()
-	if err := dec.Decode(into); err != nil {
-		writeError(w, http.StatusBadRequest, "malformed_json", "request body is not valid: "+err.Error())
-		return false
-	}
-	return true
-}
-
-func (h *Catalog) putProject(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r)
-	if !ok {
-		return
-	}
-	var in ProjectCard
-	if !decode(w, r, &in) {
-		return
-	}
-	card := boost.ProjectCard{ID: id, Title: in.Title, Status: in.Status, Visibility: in.Visibility,
-		MinPrice: numStr(in.MinPrice), PropertyObjectsAvailable: in.PropertyObjectsAvailable, Payback: numStr(in.Payback)}
-	h.write(w, r, func(ctx context.Context, tx *sqlx.Tx) (any, error) {
-		if err := boost.UpsertProjectCardTx(ctx, tx, card); err != nil {
-			return nil, err
-		}
-		c, err := boost.GetProjectCard(ctx, tx, id)
-		return projectView(c), err
-	})
-}
-
-func (h *Catalog) putObject(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r)
-	if !ok {
-		return
-	}
-	var in PropertyObjectCard
-	if !decode(w, r, &in) {
-		return
-	}
-	card := boost.PropertyObjectCard{ID: id, ProjectID: in.ProjectId, Published: in.Published, Status: in.Status, Price: numStr(in.Price)}
-	h.write(w, r, func(ctx context.Context, tx *sqlx.Tx) (any, error) {
-		if err := boost.UpsertPropertyObjectCardTx(ctx, tx, card); err != nil {
-			return nil, err
-		}
-		c, err := boost.GetPropertyObjectCard(ctx, tx, id)
-		return objectView(c), err
-	})
 }
 
 // write runs fn in one transaction and answers its result.

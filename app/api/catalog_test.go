@@ -3,6 +3,7 @@ package api_test
 import (
 	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,9 +62,62 @@ func TestCatalogAPI_FeedRejectsBadInputAndStrangers(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/"+id, "admin", map[string]any{"PromotionBost": 5}).Status)
 	require.Equal(t, http.StatusUnprocessableEntity, b.do(t, "PUT", "/cards/property-objects/"+id, "admin",
 		map[string]any{"Published": true}).Status, "a property object needs its project")
+	for name, tc := range map[string]struct {
+		path, body string
+		status     int
+		code       string
+	}{
+		// The issue's 500s: a value beyond the column's type reached the INSERT.
+		"count beyond integer":      {"projects", `{"PropertyObjectsAvailable":2147483648}`, 422, "validation_failed"},
+		"price beyond numeric":      {"property-objects", `{"ProjectId":"` + id + `","Price":1e131072}`, 422, "validation_failed"},
+		"string beyond the pattern": {"property-objects", `{"ProjectId":"` + id + `","Price":"-94.4E652990137"}`, 400, "malformed_json"},
+		"min price beyond numeric":  {"projects", `{"MinPrice":-5e-16384}`, 422, "validation_failed"},
+		// Within numeric's range, but its answer would be 10675 digits long.
+		"price of four-digit exponent": {"property-objects", `{"ProjectId":"` + id + `","Price":9242.868E10671}`, 422, "validation_failed"},
+		// The issue's empty card from a null body.
+		"null body":              {"projects", `null`, 422, "not_an_object"},
+		"string body":            {"projects", `"card"`, 422, "not_an_object"},
+		"U+0000 in a title":      {"projects", `{"Title":"To\u0000wer"}`, 422, "validation_failed"},
+		"member in another case": {"projects", `{"title":"Tower"}`, 400, "malformed_json"},
+		"fractional count":       {"projects", `{"PropertyObjectsAvailable":1.5}`, 400, "malformed_json"},
+		"nil project":            {"property-objects", `{"ProjectId":"00000000-0000-0000-0000-000000000000"}`, 422, "validation_failed"},
+	} {
+		r := b.do(t, "PUT", "/cards/"+tc.path+"/"+id, "admin", tc.body)
+		require.Equal(t, tc.status, r.Status, "%s: %v", name, r.Body)
+		require.Equal(t, tc.code, r.Body["code"], name)
+	}
 	var n int
 	require.NoError(t, b.db.Get(&n, `SELECT (SELECT count(*) FROM catalog.project_cards) + (SELECT count(*) FROM catalog.property_object_cards)`))
 	require.Zero(t, n)
+}
+
+// TestCatalogAPI_FeedAcceptsEveryFormTheDocumentAllows: the bounds of the
+// columns are in, decimals keep their digits, and what the feed ignores may
+// hold anything, so that a card read can be sent back as it is.
+func TestCatalogAPI_FeedAcceptsEveryFormTheDocumentAllows(t *testing.T) {
+	b := setupCatalogAPI(t)
+	project := uuid.NewString()
+	for _, body := range []string{
+		`{"PropertyObjectsAvailable":-2147483648,"MinPrice":"1e999","UpdatedAt":"","Id":"not an id","PromotionBoost":"high"}`,
+		`{"PropertyObjectsAvailable":2147483647,"Payback":1e-999,"Title":null,"Status":null}`,
+		`{"PropertyObjectsAvailable":12.0,"MinPrice":"-0.50","Title":"Tower","Visibility":"Visible"}`,
+	} {
+		r := b.do(t, "PUT", "/cards/projects/"+project, "admin", body)
+		require.Equal(t, http.StatusOK, r.Status, "%s: %v", body, r.Body)
+	}
+	var card struct {
+		Available int    `db:"property_objects_available"`
+		MinPrice  string `db:"min_price"`
+	}
+	require.NoError(t, b.db.Get(&card, `SELECT property_objects_available, min_price::text AS min_price FROM catalog.project_cards WHERE id = $1`, project))
+	require.Equal(t, 12, card.Available)
+	require.Equal(t, "-0.50", card.MinPrice)
+
+	read := b.do(t, "GET", "/cards/projects/"+project, "", nil)
+	read.Body["Title"] = "Tower 2"
+	require.Equal(t, http.StatusOK, b.do(t, "PUT", "/cards/projects/"+project, "admin", read.Body).Status, "a card read goes back as it is")
+	require.Equal(t, http.StatusOK, b.do(t, "PUT", "/cards/property-objects/"+uuid.NewString(), "admin",
+		`{"ProjectId":"`+strings.ToUpper(project)+`","Price":2400000,"UpdatedAt":"yesterday"}`).Status)
 }
 
 func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {

@@ -1,22 +1,17 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
 )
-
-// maxBody bounds a request body.
-const maxBody = 64 << 10
 
 // Promotions serves the purchase API.
 type Promotions struct {
@@ -34,38 +29,81 @@ func (h *Promotions) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /promotions/{id}/cancel", h.Tokens.authenticate(h.cancel))
 }
 
+// createRequest is the body of POST /promotions (schema CreatePurchase).
 type createRequest struct {
-	PackageKind string         `json:"PackageKind"`
-	Targets     []event.Target `json:"Targets"`
-	BoostWeight int            `json:"BoostWeight"`
-	StartsAt    *time.Time     `json:"StartsAt"`
-	EndsAt      *time.Time     `json:"EndsAt"`
+	PackageKind text            `json:"PackageKind"`
+	Targets     []targetRequest `json:"Targets"`
+	BoostWeight integer         `json:"BoostWeight"`
+	StartsAt    *dateTime       `json:"StartsAt"`
+	EndsAt      *dateTime       `json:"EndsAt"`
+}
+
+// targetRequest is one of its Targets (schema Target).
+type targetRequest struct {
+	TargetKind event.TargetKind `json:"TargetKind"`
+	TargetId   canonicalUUID    `json:"TargetId"`
+}
+
+func (t *targetRequest) UnmarshalJSON(b []byte) error {
+	type members targetRequest // without this method
+	return strictUnmarshal(b, (*members)(t))
+}
+
+// zeroInstants names a StartsAt or EndsAt given as 0001-01-01T00:00:00Z in
+// UTC: a Draft's zero time stands for none given, so that instant would turn
+// into now (StartsAt) or a missing EndsAt.
+func (req createRequest) zeroInstants() []FieldError {
+	var fields []FieldError
+	for _, f := range []struct {
+		name string
+		t    *dateTime
+	}{{"StartsAt", req.StartsAt}, {"EndsAt", req.EndsAt}} {
+		if f.t != nil && f.t.time().IsZero() {
+			fields = append(fields, FieldError{Field: f.name, Problem: "must be after 0001-01-01T00:00:00Z, which stands for none"})
+		}
+	}
+	return fields
+}
+
+func (req createRequest) draft() purchase.Draft {
+	targets := make([]event.Target, len(req.Targets))
+	for i, t := range req.Targets {
+		targets[i] = event.Target{TargetKind: t.TargetKind, TargetId: uuid.UUID(t.TargetId)}
+	}
+	return purchase.Draft{PackageKind: string(req.PackageKind), Targets: targets, BoostWeight: int(req.BoostWeight),
+		StartsAt: req.StartsAt.time(), EndsAt: req.EndsAt.time()}
+}
+
+// idempotencyKey is the Idempotency-Key header: printable ASCII, as a
+// Structured Field string is, so that PostgreSQL text holds it as sent.
+func idempotencyKey(r *http.Request) (string, error) {
+	key := r.Header.Get("Idempotency-Key")
+	if len(key) > 255 {
+		return "", errors.New("Idempotency-Key is longer than 255 characters")
+	}
+	for i := range len(key) {
+		if key[i] < ' ' || key[i] > '~' {
+			return "", errors.New("Idempotency-Key holds a character that is not printable ASCII")
+		}
+	}
+	return key, nil
 }
 
 func (h *Promotions) create(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "malformed_json", "request body is not a valid purchase: "+err.Error())
+	if !decodeBody(w, r, &req) {
 		return
 	}
-	if dec.More() {
-		writeError(w, http.StatusBadRequest, "malformed_json", "request body must hold one JSON object")
+	key, err := idempotencyKey(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
 		return
 	}
-	key := r.Header.Get("Idempotency-Key")
-	if len(key) > 255 {
-		writeError(w, http.StatusBadRequest, "invalid_idempotency_key", "Idempotency-Key is longer than 255 characters")
+	if fields := req.zeroInstants(); len(fields) > 0 {
+		writeError(w, http.StatusUnprocessableEntity, "validation_failed", "the purchase is not valid", fields...)
 		return
 	}
-	d := purchase.Draft{PackageKind: req.PackageKind, Targets: req.Targets, BoostWeight: req.BoostWeight}
-	if req.StartsAt != nil {
-		d.StartsAt = *req.StartsAt
-	}
-	if req.EndsAt != nil {
-		d.EndsAt = *req.EndsAt
-	}
+	d := req.draft()
 	p, replayed, err := h.Service.Create(r.Context(), tenantOf(r), key, d, correlationID(r))
 	if err != nil {
 		h.fail(w, r, err)
@@ -94,14 +132,15 @@ func (h *Promotions) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Promotions) list(w http.ResponseWriter, r *http.Request) {
-	status := event.Status(r.URL.Query().Get("status"))
-	if status != "" && !status.Valid() {
+	query := r.URL.Query()
+	status := event.Status(query.Get("status"))
+	if _, given := query["status"]; given && !status.Valid() {
 		writeError(w, http.StatusBadRequest, "invalid_status", fmt.Sprintf("status %q is not one of Pending, Active, Expired, Cancelled", status))
 		return
 	}
 	limit := 100
-	if raw := r.URL.Query().Get("limit"); raw != "" {
-		n, err := strconv.Atoi(raw)
+	if _, given := query["limit"]; given {
+		n, err := strconv.Atoi(query.Get("limit"))
 		if err != nil || n < 1 || n > 1000 {
 			writeError(w, http.StatusBadRequest, "invalid_limit", "limit must be a whole number within 1..1000")
 			return
@@ -165,9 +204,9 @@ func (h *Promotions) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
-	id, err := uuid.Parse(r.PathValue("id"))
+	id, err := parseID(r.PathValue("id"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_id", "purchase id must be a UUID")
+		writeError(w, http.StatusBadRequest, "invalid_id", "the path's id must be a UUID")
 		return uuid.Nil, false
 	}
 	return id, true

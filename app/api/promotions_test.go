@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -145,6 +146,25 @@ func TestAPI_BadInputGetsClearErrorAndWritesNothing(t *testing.T) {
 		"ends before start": {with("StartsAt", time.Now().Add(48*time.Hour).UTC().Format(time.RFC3339)), 422, "validation_failed"},
 		"no ends at":        {with("EndsAt", nil), 422, "validation_failed"},
 		"no package kind":   {with("PackageKind", ""), 422, "validation_failed"},
+		// What the document refuses, whichever way encoding/json alone would read it.
+		"null body":                 {"null", 422, "not_an_object"},
+		"array body":                {"[]", 422, "not_an_object"},
+		"text after the object":     {`{"PackageKind":"Top"} {}`, 400, "malformed_json"},
+		"member in another case":    {with("packagekind", "Top"), 400, "malformed_json"},
+		"id without hyphens":        {with("Targets", []map[string]string{{"TargetKind": "Post", "TargetId": "0b1e1c4e5d6f4a7b8c9d0e1f2a3b4c5d"}}), 400, "malformed_json"},
+		"leap second":               {with("EndsAt", "2099-12-31T23:59:60Z"), 400, "malformed_json"},
+		"offset of 24 hours":        {with("EndsAt", "2099-12-31T00:00:00+24:00"), 400, "malformed_json"},
+		"lower-case t":              {with("EndsAt", "2099-12-31t00:00:00Z"), 400, "malformed_json"},
+		"fractional weight":         {with("BoostWeight", 30.5), 400, "malformed_json"},
+		"weight beyond int64":       {with("BoostWeight", 1e30), 422, "validation_failed"},
+		"blank package kind":        {with("PackageKind", " \t "), 422, "validation_failed"},
+		"U+0000 in package kind":    {with("PackageKind", "To\u0000p"), 422, "validation_failed"},
+		"package kind of 65 runes":  {with("PackageKind", strings.Repeat("é", 65)), 422, "validation_failed"},
+		"starts when it ends":       {with("StartsAt", validBody()["EndsAt"]), 422, "validation_failed"},
+		"starts at the zero time":   {with("StartsAt", "0001-01-01T00:00:00Z"), 422, "validation_failed"},
+		"ends at the zero instant":  {with("EndsAt", "0001-01-01T01:00:00+01:00"), 422, "validation_failed"},
+		"ends after year 9999":      {with("EndsAt", "9999-12-31T23:00:00-01:00"), 422, "validation_failed"},
+		"duplicate in another case": {with("Targets", []map[string]string{{"TargetKind": "Post", "TargetId": "0b1e1c4e-5d6f-4a7b-8c9d-0e1f2a3b4c5d"}, {"TargetKind": "Post", "TargetId": "0B1E1C4E-5D6F-4A7B-8C9D-0E1F2A3B4C5D"}}), 422, "validation_failed"},
 	}
 	for name, tc := range cases {
 		r := b.do(t, "POST", "/promotions", "token-a", tc.body)
@@ -154,6 +174,11 @@ func TestAPI_BadInputGetsClearErrorAndWritesNothing(t *testing.T) {
 		require.Equal(t, tc.code, r.Body["code"], name)
 		require.NotEmpty(t, r.Body["detail"], name)
 	}
+	for name, key := range map[string]string{"non-ASCII": "clé", "a tab inside": "a\tb", "256 characters": strings.Repeat("k", 256)} {
+		r := b.do(t, "POST", "/promotions", "token-a", validBody(), "Idempotency-Key", key)
+		require.Equal(t, http.StatusBadRequest, r.Status, "Idempotency-Key %s", name)
+		require.Equal(t, "invalid_idempotency_key", r.Body["code"], name)
+	}
 	p, e := b.counts(t)
 	require.Zero(t, p)
 	require.Zero(t, e)
@@ -161,6 +186,30 @@ func TestAPI_BadInputGetsClearErrorAndWritesNothing(t *testing.T) {
 	r := b.do(t, "POST", "/promotions", "token-a", with("BoostWeight", 0))
 	fields := r.Body["fields"].([]any)
 	require.Equal(t, "BoostWeight", fields[0].(map[string]any)["field"])
+}
+
+// TestAPI_CreateAcceptsEveryFormTheDocumentAllows: a whole number written
+// 30.0 or 3e1 is an integer, an offset and a fraction are RFC 3339, 64
+// characters are 64 whatever their bytes, and a UUID may be in capitals.
+func TestAPI_CreateAcceptsEveryFormTheDocumentAllows(t *testing.T) {
+	b := setup(t)
+	for name, body := range map[string]string{
+		"weight 30.0":         `{"PackageKind":"Top","Targets":[{"TargetKind":"Post","TargetId":"%s"}],"BoostWeight":30.0,"EndsAt":"2099-01-01T00:00:00Z"}`,
+		"weight 3e1":          `{"PackageKind":"Top","Targets":[{"TargetKind":"Post","TargetId":"%s"}],"BoostWeight":3e1,"EndsAt":"2099-01-01T00:00:00Z"}`,
+		"offset and fraction": `{"PackageKind":"Top","Targets":[{"TargetKind":"Post","TargetId":"%s"}],"BoostWeight":1,"StartsAt":"2026-01-01T05:30:00.123456+05:30","EndsAt":"2099-01-01T00:00:00.5-08:00"}`,
+		"64 two-byte runes":   `{"PackageKind":"` + strings.Repeat("é", 64) + `","Targets":[{"TargetKind":"Post","TargetId":"%s"}],"BoostWeight":1,"EndsAt":"2099-01-01T00:00:00Z"}`,
+		"blank but not ASCII": `{"PackageKind":"　","Targets":[{"TargetKind":"Post","TargetId":"%s"}],"BoostWeight":1,"EndsAt":"2099-01-01T00:00:00Z"}`,
+		"UUID in capitals":    `{"PackageKind":"Top","Targets":[{"TargetKind":"Post","TargetId":"%s"}],"BoostWeight":1,"EndsAt":"2099-01-01T00:00:00Z","StartsAt":null}`,
+	} {
+		id := uuid.NewString()
+		if name == "UUID in capitals" {
+			id = strings.ToUpper(id)
+		}
+		r := b.do(t, "POST", "/promotions", "token-a", fmt.Sprintf(body, id), "Idempotency-Key", "printable ~ ASCII "+name)
+		require.Equal(t, http.StatusCreated, r.Status, "%s: %v", name, r.Body)
+	}
+	p, _ := b.counts(t)
+	require.Equal(t, 6, p)
 }
 
 func TestAPI_UnknownTokenIsUnauthorized(t *testing.T) {
@@ -199,6 +248,9 @@ func TestAPI_ListFiltersByStatus(t *testing.T) {
 	require.Len(t, b.do(t, "GET", "/promotions?status=Cancelled", "token-a", nil).Body["items"], 1)
 	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/promotions?status=Paused", "token-a", nil).Status)
 	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/promotions?limit=0", "token-a", nil).Status)
+	// An empty value is not the parameter left out: the document's enum and integer refuse it.
+	require.Equal(t, "invalid_status", b.do(t, "GET", "/promotions?status=", "token-a", nil).Body["code"])
+	require.Equal(t, "invalid_limit", b.do(t, "GET", "/promotions?limit=", "token-a", nil).Body["code"])
 }
 
 func TestAPI_IdempotencyKeyReturnsTheFirstPurchase(t *testing.T) {

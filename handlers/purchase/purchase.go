@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -79,8 +80,10 @@ func (e *ValidationError) Error() string {
 func (d Draft) Validate() error {
 	var fields []FieldError
 	bad := func(field, problem string) { fields = append(fields, FieldError{field, problem}) }
-	if strings.TrimSpace(d.PackageKind) == "" || len(d.PackageKind) > 64 {
-		bad("PackageKind", "must be 1..64 characters")
+	// ASCII blanks only and characters, not bytes: the OpenAPI document's
+	// pattern and maxLength say the same.
+	if strings.Trim(d.PackageKind, " \t\n\v\f\r") == "" || utf8.RuneCountInString(d.PackageKind) > 64 {
+		bad("PackageKind", "must be 1..64 characters, not all blank")
 	}
 	if len(d.Targets) == 0 {
 		bad("Targets", "must not be empty")
