@@ -99,6 +99,9 @@ func (c *PromotionConfig) setDefaults() {
 // each janitor tick names it in the log: far beyond any writer of ours.
 const heldBackLogAfter = 10 * time.Second
 
+// recordCycleTimeout bounds the write of a cycle's record.
+const recordCycleTimeout = 5 * time.Second
+
 // relayAckMargin is how much longer than a publish the relay's subscriber
 // waits for a message's ack before it ends its transaction without one: the
 // room a timed-out publish needs to cut its producer off and nack.
@@ -136,6 +139,13 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())
 		m.ObserveCycle(res, err)
+		// The durable trace `promoflow status` reads; a cycle ended by a
+		// shutdown is recorded all the same.
+		recordCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), recordCycleTimeout)
+		if rerr := exp.Record(recordCtx, res, err); rerr != nil {
+			log.Warn("expire cycle not recorded", "runId", res.RunID, "error", rerr.Error())
+		}
+		cancel()
 		if err != nil {
 			// The next tick retries: the rows are still Active.
 			log.Error("expire cycle failed", "runId", res.RunID, "error", err.Error())
