@@ -352,11 +352,16 @@ func closeAll(closers []func() error) error {
 	return errors.Join(errs...)
 }
 
-// newRouter is a Watermill router logging through log. Close waits up to 30s
-// for handlers, longer than a batch or a message may take.
+// CloseTimeout is the longest a router's Close waits for its handlers at a
+// stop: longer than a batch or a message may take (an expirer batch commits
+// within its 15 s, a relay publish ends within its 10 s + 2 s).
+const CloseTimeout = 30 * time.Second
+
+// newRouter is a Watermill router logging through log; Close waits up to
+// CloseTimeout for handlers.
 func newRouter(log *slog.Logger) (*message.Router, watermill.LoggerAdapter, error) {
 	wlog := newWatermillLogger(log)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: CloseTimeout}, wlog)
 	if err != nil {
 		return nil, nil, fmt.Errorf("new router: %w", err)
 	}
