@@ -21,9 +21,8 @@ import (
 )
 
 // Exit statuses of promoflow status: one bit per red part, added up, so a
-// script reads which parts need someone. 1, 2 and 78 keep their meaning of
-// every command (the status failed to run, a bad command line, Kafka refused
-// the settings); no sum of the bits is one of them.
+// script reads which parts need someone. 1 keeps its meaning of every
+// command (it could not run), and no sum of the bits is 1, 2, 3 or 78.
 const (
 	exitExpirerRed    = 4
 	exitOutboxRed     = 8
@@ -39,9 +38,9 @@ Promotion Boost consumer (lag per partition, group members, the DLQ by reason) a
 deploy/prometheus/alerts.yml would fire on what it shows (the limits below), or when it cannot be read.
 
 Exit status: 0 every part healthy; otherwise the sum of 4 expirer red, 8 outbox red, 16 consumer
-red, 32 projection red (e.g. 24: outbox and consumer); 1 the status could not run; 2 a bad command
-line; 78 the Kafka settings are refused. With --watch it redraws until interrupted and exits with
-the last report's status.`
+red, 32 projection red (e.g. 24: outbox and consumer; Kafka unreachable or refusing the settings
+makes the consumer red, with the cause); 1 the status could not run (a bad setting, PostgreSQL
+unreachable). With --watch it redraws until interrupted and exits with the last report's status.`
 
 // statusExit ends the command with a red report's exit status.
 type statusExit struct {

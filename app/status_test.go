@@ -201,3 +201,19 @@ func produceBroken(t *testing.T, topic string, n int) {
 		require.NoError(t, err)
 	}
 }
+
+// TestStatus_WatchIsABareFlagOrAPeriod: --watch redraws every 2s,
+// --watch=10s every 10s, and --watch=false or none not at all.
+func TestStatus_WatchIsABareFlagOrAPeriod(t *testing.T) {
+	for args, want := range map[string]time.Duration{"": 0, "--watch": 2 * time.Second, "--watch=10s": 10 * time.Second,
+		"--watch=false": 0} {
+		var watch time.Duration
+		s := newSettings("status", "")
+		s.fs.Var((*watchValue)(&watch), "watch", "")
+		require.NoError(t, s.parse(strings.Fields(args)), args)
+		require.Equal(t, want, watch, args)
+	}
+	s := newSettings("status", "")
+	s.fs.Var((*watchValue)(new(time.Duration)), "watch", "")
+	require.ErrorContains(t, s.parse([]string{"--watch=often"}), "want true, false or a duration")
+}
