@@ -34,6 +34,7 @@ var mayImport = map[string][]string{
 	"router/rebuild":                 {"handlers/", "middleware", "router/bounded", "router/kafkakit", "sqlmigrate"},
 	"router/dlqreplay":               {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
 	"router/audit":                   {"handlers/", "middleware", "router/bounded", "router/kafkakit"},
+	"router/status":                  {"handlers/", "middleware", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild"},
 	"router":                         {"handlers/", "middleware", "router/audit", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild"},
 	"router/catalogtest":             {"handlers/", "middleware", "router", "router/kafkakit", "router/kafkakit/kafkatest", "sqlmigrate/pgtest"},
 	"app/api":                        {"handlers/", "router/bounded", "router/rebuild"},
@@ -107,4 +108,25 @@ func TestArchitecture_PackagesImportOnlyWhatTheirLayerMay(t *testing.T) {
 		}
 	}
 	require.Empty(t, violations)
+}
+
+// testOnlyModules are what the tests alone need (the chart's check decodes
+// into the Kubernetes API types): the promoflow binary never links them.
+var testOnlyModules = []string{"k8s.io/", "sigs.k8s.io/", "github.com/prometheus-operator/"}
+
+// TestArchitecture_BinaryLinksNoTestOnlyModule reads the binary's
+// dependencies (its tests left out) from go list -deps.
+func TestArchitecture_BinaryLinksNoTestOnlyModule(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "./app")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var linked []string
+	for _, pkg := range strings.Fields(string(out)) {
+		if hasAnyPrefix(pkg, testOnlyModules) {
+			linked = append(linked, pkg)
+		}
+	}
+	require.Empty(t, linked, "the promoflow binary links test-only modules")
 }

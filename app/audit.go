@@ -63,6 +63,9 @@ func runAudit(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	if err := auditor.Record(ctx, rep.Cards, audit.SourceCommand); err != nil {
+		return err
+	}
 	if replica {
 		r, err := auditor.Replica(ctx)
 		if err != nil {

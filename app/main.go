@@ -24,6 +24,7 @@ Usage:
   promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer (--list: what it holds)
   promoflow rebuild [flags]      rebuild the PromotionBoost projection from the purchase topic
   promoflow audit [flags]        check (and --repair) card boosts against the replica and the topic
+  promoflow status [flags]       one screen for on-call: expirer, outbox, consumer, DLQ, projection (exit 0: healthy)
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow help                 show this help
 
@@ -45,6 +46,10 @@ func main() {
 		}
 		if errors.Is(err, errDrift) {
 			os.Exit(3)
+		}
+		var coded interface{ ExitCode() int }
+		if errors.As(err, &coded) {
+			os.Exit(coded.ExitCode())
 		}
 		if errors.As(err, new(*kafkakit.RefusedError)) {
 			os.Exit(exitKafkaRefused)
@@ -76,6 +81,8 @@ func run(ctx context.Context, args []string) error {
 		return runRebuild(ctx, rest)
 	case "audit":
 		return runAudit(ctx, rest)
+	case "status":
+		return runStatus(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
 	case "help", "-h", "--help":

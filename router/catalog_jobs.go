@@ -34,6 +34,9 @@ func (c *Catalog) addJobs(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg 
 			return nil
 		}
 		m.DriftCards.Set(float64(rep.Drifted))
+		if err := auditor.Record(msg.Context(), rep, audit.SourceCatalog); err != nil {
+			log.Warn("card audit not recorded", "error", err.Error())
+		}
 		if rep.Drifted > 0 {
 			log.Warn("card boosts drifted from the replica", "drifted", rep.Drifted, "checked", rep.Checked,
 				"samples", rep.Samples, "fix", "promoflow audit --repair")

@@ -99,6 +99,9 @@ func (c *PromotionConfig) setDefaults() {
 // each janitor tick names it in the log: far beyond any writer of ours.
 const heldBackLogAfter = 10 * time.Second
 
+// recordCycleTimeout bounds the write of a cycle's record.
+const recordCycleTimeout = 5 * time.Second
+
 // relayAckMargin is how much longer than a publish the relay's subscriber
 // waits for a message's ack before it ends its transaction without one: the
 // room a timed-out publish needs to cut its producer off and nack.
@@ -136,6 +139,13 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())
 		m.ObserveCycle(res, err)
+		// The durable trace `promoflow status` reads; a cycle ended by a
+		// shutdown is recorded all the same.
+		recordCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), recordCycleTimeout)
+		if rerr := exp.Record(recordCtx, res, err); rerr != nil {
+			log.Warn("expire cycle not recorded", "runId", res.RunID, "error", rerr.Error())
+		}
+		cancel()
 		if err != nil {
 			// The next tick retries: the rows are still Active.
 			log.Error("expire cycle failed", "runId", res.RunID, "error", err.Error())
@@ -342,11 +352,16 @@ func closeAll(closers []func() error) error {
 	return errors.Join(errs...)
 }
 
-// newRouter is a Watermill router logging through log. Close waits up to 30s
-// for handlers, longer than a batch or a message may take.
+// CloseTimeout is the longest a router's Close waits for its handlers at a
+// stop: longer than a batch or a message may take (an expirer batch commits
+// within its 15 s, a relay publish ends within its 10 s + 2 s).
+const CloseTimeout = 30 * time.Second
+
+// newRouter is a Watermill router logging through log; Close waits up to
+// CloseTimeout for handlers.
 func newRouter(log *slog.Logger) (*message.Router, watermill.LoggerAdapter, error) {
 	wlog := newWatermillLogger(log)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: CloseTimeout}, wlog)
 	if err != nil {
 		return nil, nil, fmt.Errorf("new router: %w", err)
 	}

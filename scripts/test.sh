@@ -118,6 +118,11 @@ if ! command -v pgbouncer >/dev/null && [[ ! -x /usr/sbin/pgbouncer ]]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >&2
 fi
 
+# Helm, for the chart's test (app/helm_test.go: helm lint, helm template,
+# strict decoding): built from the Go module proxy when missing.
+PROMOFLOW_HELM=$(bash "$ROOT/scripts/helm.sh") || die "cannot build helm (scripts/helm.sh)"
+export PROMOFLOW_HELM
+
 test_rc=0
 test_out=$(mktemp)
 trap 'rm -f "$test_out"; stop_started' EXIT

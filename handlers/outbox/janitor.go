@@ -54,10 +54,10 @@ func ReadStats(ctx context.Context, db *sqlx.DB) (Stats, error) {
 // Writer is an outbox writer transaction in progress (BeginTx): while it
 // runs, the relay reads no row of a later transaction.
 type Writer struct {
-	PID         int           `db:"pid"`
-	Application string        `db:"application_name"`
-	State       string        `db:"state"`
-	Age         time.Duration `db:"-"`
+	PID         int           `db:"pid" json:"pid"`
+	Application string        `db:"application_name" json:"application"`
+	State       string        `db:"state" json:"state"`
+	Age         time.Duration `db:"-" json:"-"`
 }
 
 // OldestWriter is the outbox writer that has held the relay back longest

@@ -21,21 +21,22 @@ const reasonChars = 120
 
 // Row is one kind of dead letter: an error code and a reason.
 type Row struct {
-	Code   string
-	Reason string
-	Count  int64
+	Code   string `json:"code"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
 	// Parked of them were replayed MaxReplays times and are no longer replayed.
-	Parked int64
+	Parked int64 `json:"parked"`
 	// Oldest and Newest are the record timestamps of the first and last of them.
-	Oldest, Newest time.Time
+	Oldest time.Time `json:"oldest"`
+	Newest time.Time `json:"newest"`
 }
 
 // Listing is what the DLQ holds, by error code and reason, most first.
 type Listing struct {
-	Topic      string
-	Partitions int
-	Records    int64
-	Rows       []Row
+	Topic      string `json:"topic"`
+	Partitions int    `json:"partitions"`
+	Records    int64  `json:"records"`
+	Rows       []Row  `json:"rows"`
 }
 
 // List reads the whole DLQ, up to its end now, and writes nothing: no group,

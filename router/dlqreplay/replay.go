@@ -93,7 +93,7 @@ func (r *Replayer) Run(ctx context.Context) (Result, error) {
 			return res(fmt.Errorf("replay topic: %w (a catalog process creates it at start)", err))
 		}
 	}
-	ranges, err := remaining(admin, r.cfg.Group, parts)
+	ranges, err := remaining(client, r.cfg.Group, parts)
 	if err != nil {
 		return res(err)
 	}
@@ -126,24 +126,16 @@ func groupIdle(admin sarama.ClusterAdmin, group string) error {
 
 // remaining is, per partition, the records from the group's committed offset
 // to the partition's end now.
-func remaining(admin sarama.ClusterAdmin, group string, parts []bounded.Partition) ([]bounded.Range, error) {
-	if len(parts) == 0 {
-		return nil, nil
-	}
-	ids := make([]int32, len(parts))
-	for i, p := range parts {
-		ids[i] = p.Partition
-	}
-	topic := parts[0].Topic
-	committed, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: ids})
+func remaining(client *bounded.Client, group string, parts []bounded.Partition) ([]bounded.Range, error) {
+	committed, err := client.Committed(group, parts)
 	if err != nil {
-		return nil, fmt.Errorf("offsets of group %s: %w", group, err)
+		return nil, err
 	}
 	var out []bounded.Range
 	for _, p := range parts {
 		r := p.Whole()
-		if b := committed.GetBlock(topic, p.Partition); b != nil && b.Offset > r.From {
-			r.From = b.Offset
+		if off, ok := committed[p.Partition]; ok && off > r.From {
+			r.From = off
 		}
 		if r.Len() > 0 {
 			out = append(out, r)

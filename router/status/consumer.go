@@ -1,0 +1,189 @@
+package status
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/promoflow/promoflow/router/bounded"
+	"github.com/promoflow/promoflow/router/dlqreplay"
+)
+
+// Consumer is the Promotion Boost consumer's part: its group on the
+// purchase topic, and the DLQ.
+type Consumer struct {
+	Health
+	Group string `json:"group"`
+	// State is the group's (Stable, PreparingRebalance, Empty, ...).
+	State   string   `json:"state"`
+	Members []Member `json:"members"`
+	// Partitions of the topic; Behind lists those with records the group
+	// has not consumed, MaxLag and SumLag count them.
+	Partitions int            `json:"partitions"`
+	Behind     []PartitionLag `json:"behind"`
+	MaxLag     int64          `json:"maxLag"`
+	SumLag     int64          `json:"sumLag"`
+	// MaxLagSeconds is the age of the oldest record not consumed, on any
+	// partition: what catalog_promotion_lag_seconds measures in a process.
+	MaxLagSeconds float64 `json:"maxLagSeconds"`
+	// DeadLetters is what the DLQ holds, by error code and reason; nil
+	// when it could not be read.
+	DeadLetters *dlqreplay.Listing `json:"deadLetters"`
+}
+
+// Member is a consumer in the group.
+type Member struct {
+	ClientID   string  `json:"clientId"`
+	Host       string  `json:"host"`
+	Partitions []int32 `json:"partitions"`
+}
+
+// PartitionLag is one partition the group is behind on.
+type PartitionLag struct {
+	Partition int32 `json:"partition"`
+	// Committed is the group's offset, -1 when it never committed one (it
+	// then starts at the oldest record).
+	Committed int64 `json:"committed"`
+	End       int64 `json:"end"`
+	Lag       int64 `json:"lag"`
+	// OldestSeconds is the age of the oldest record not consumed.
+	OldestSeconds float64 `json:"oldestSeconds"`
+}
+
+func (r *Reader) consumer(ctx context.Context) (s Consumer) {
+	s.Group = r.cfg.ConsumerGroup
+	if err := r.cfg.Kafka.Probe(ctx); err != nil {
+		s.failed(err)
+		return s
+	}
+	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-status")
+	if err != nil {
+		s.failed(err)
+		return s
+	}
+	defer client.Close()
+	if err := s.readGroup(client); err != nil {
+		s.failed(err)
+		return s
+	}
+	oldest, err := s.readLag(ctx, client, r.cfg.Topic)
+	if err != nil {
+		s.failed(err)
+		return s
+	}
+	listing, err := r.dlq.List(ctx)
+	if err != nil {
+		s.failed(err)
+		return s
+	}
+	s.DeadLetters = &listing
+	s.judge(r.cfg.Limits, oldest, time.Now())
+	return s
+}
+
+// readGroup reads the group's state and members.
+func (s *Consumer) readGroup(client *bounded.Client) error {
+	admin, err := client.Admin()
+	if err != nil {
+		return err
+	}
+	desc, err := admin.DescribeConsumerGroups([]string{s.Group})
+	if err != nil {
+		return fmt.Errorf("describe group %s: %w", s.Group, err)
+	}
+	s.Members = []Member{}
+	for _, d := range desc {
+		if d.Err != sarama.ErrNoError {
+			return fmt.Errorf("describe group %s: %w", s.Group, d.Err)
+		}
+		s.State = d.State
+		for _, m := range d.Members {
+			member := Member{ClientID: m.ClientId, Host: m.ClientHost, Partitions: []int32{}}
+			if a, err := m.GetMemberAssignment(); err == nil && a != nil {
+				for _, parts := range a.Topics {
+					member.Partitions = append(member.Partitions, parts...)
+				}
+			}
+			slices.Sort(member.Partitions)
+			s.Members = append(s.Members, member)
+		}
+	}
+	slices.SortFunc(s.Members, func(a, b Member) int { return cmp.Compare(a.ClientID+a.Host, b.ClientID+b.Host) })
+	return nil
+}
+
+// readLag compares the group's committed offsets with the partitions' ends,
+// and reads the oldest record not consumed of each partition behind.
+func (s *Consumer) readLag(ctx context.Context, client *bounded.Client, topic string) (time.Duration, error) {
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return 0, err
+	}
+	committed, err := client.Committed(s.Group, parts)
+	if err != nil {
+		return 0, err
+	}
+	s.Partitions, s.Behind = len(parts), []PartitionLag{}
+	var ranges []bounded.Range
+	for _, p := range parts {
+		r, off := p.Whole(), int64(-1)
+		if c, ok := committed[p.Partition]; ok {
+			off, r.From = c, max(c, r.From)
+		}
+		if r.Len() == 0 {
+			continue
+		}
+		ranges = append(ranges, r)
+		s.Behind = append(s.Behind, PartitionLag{Partition: p.Partition, Committed: off, End: p.Newest, Lag: r.Len()})
+		s.SumLag += r.Len()
+		s.MaxLag = max(s.MaxLag, r.Len())
+	}
+	heads, err := client.Heads(ctx, ranges)
+	if err != nil {
+		return 0, err
+	}
+	var oldest time.Duration
+	for i, b := range s.Behind {
+		if ts, ok := heads[b.Partition]; ok {
+			age := max(time.Since(ts), 0)
+			s.Behind[i].OldestSeconds = seconds(age)
+			oldest = max(oldest, age)
+		}
+	}
+	s.MaxLagSeconds = seconds(oldest)
+	return oldest, nil
+}
+
+// judge mirrors CatalogPromotionLagHigh (the oldest record not consumed is
+// older than the SLO) and CatalogPromotionDeadLetters (a dead letter within
+// the window).
+func (s *Consumer) judge(l Limits, oldest time.Duration, now time.Time) {
+	if oldest > l.Lag {
+		s.problem("CatalogPromotionLagHigh", "the group is %d records behind on %d of %d partitions; the oldest not consumed is %s old (limit %s)",
+			s.SumLag, len(s.Behind), s.Partitions, oldest.Round(time.Second), l.Lag)
+	}
+	if len(s.Members) == 0 {
+		s.note("the group has no member: no catalog process consumes (or catalog.promotions.enabled is false)")
+	}
+	if d := s.DeadLetters; d != nil && len(d.Rows) > 0 {
+		newest := d.Rows[0].Newest
+		for _, row := range d.Rows {
+			newest = latest(newest, row.Newest)
+		}
+		if age := now.Sub(newest); age <= l.DeadLetterWindow {
+			s.problem("CatalogPromotionDeadLetters", "an event was dead-lettered %s ago (window %s); the DLQ holds %d records (docs/runbooks/dlq-replay.md)",
+				max(age, 0).Round(time.Second), l.DeadLetterWindow, d.Records)
+		}
+	}
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
