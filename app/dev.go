@@ -57,7 +57,7 @@ func runDev(ctx context.Context, args []string) error {
 	if _, ok := os.LookupEnv("HTTP_ADDR"); !ok && !flagGiven(ps, "http-addr") {
 		p.HTTPAddr, c.HTTPAddr = "127.0.0.1:8080", "127.0.0.1:8081"
 	}
-	log := newLogger(p.LogLevel, "dev")
+	log := p.logger("dev")
 
 	if p.Kafka.Brokers == "" {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(p.Topics.Partitions))
@@ -84,7 +84,7 @@ func runDev(ctx context.Context, args []string) error {
 		adminToken, c.HTTPAddr, apiToken, p.HTTPAddr, c.HTTPAddr)
 
 	return runAll(ctx, log,
-		func(ctx context.Context) error { return startPromotion(ctx, p, newLogger(p.LogLevel, "promotion")) },
-		func(ctx context.Context) error { return startCatalog(ctx, c, newLogger(c.LogLevel, "catalog")) },
+		func(ctx context.Context) error { return startPromotion(ctx, p, p.logger("promotion")) },
+		func(ctx context.Context) error { return startCatalog(ctx, c, c.logger("catalog")) },
 	)
 }
