@@ -7,9 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/promoflow/promoflow/app/api"
+	"github.com/promoflow/promoflow/app/demo"
 )
 
 // Demo credentials of the dev command, printed at start.
@@ -19,20 +23,25 @@ const (
 	devAdminToken = "demo-admin-token"
 )
 
-// devConfig is what promoflow dev runs: both contexts in one process.
+// devConfig is what promoflow dev runs: both contexts in one process, and the demo.
 type devConfig struct {
 	Promotion promotionConfig
 	Catalog   catalogConfig
+	// Demo seeds a small catalog and makes one purchase per target kind once
+	// both contexts are ready. Defaults to true.
+	Demo bool
 	// The banner shows a demo token dev made up, never a token the operator
 	// set: it goes to terminals and logs. It names where that one comes from.
 	apiTokenShown, adminTokenShown string
 }
 
-// devOutput is where dev writes.
+// devOutput is where dev writes, and who else watches the demo.
 type devOutput struct {
 	W io.Writer
 	// Terminal says whether W is a terminal: the log format of auto follows it.
 	Terminal bool
+	// OnStep is called after each step of the demo (demo.Config.OnStep).
+	OnStep func(context.Context, demo.Step) error
 }
 
 // runDev runs both contexts in one process for a laptop: the promotion API on
@@ -59,11 +68,14 @@ func parseDev(args []string) (devConfig, error) {
 	if err := cs.parse(nil); err != nil {
 		return d, err
 	}
-	ps := newSettings("dev", "Runs the promotion and catalog contexts in one process, with an embedded Kafka broker when $KAFKA_BROKERS is empty.\n"+
+	ps := newSettings("dev", "Runs the promotion and catalog contexts in one process, with an embedded Kafka broker when $KAFKA_BROKERS is empty,\n"+
+		"then plays a live demo: a small catalog, one purchase per target kind, the cards' boosts as they change.\n"+
 		"Every setting of \"promotion\" and \"catalog\" is read from the environment.")
 	p.register(ps)
 	var catalogAddr string
 	ps.str(&catalogAddr, "catalog-http-addr", "DEV_CATALOG_HTTP_ADDR", "127.0.0.1:8081", "listen address of the catalog's API, /healthz, /readyz and /metrics (--http-addr is the promotion's)")
+	ps.bool(&d.Demo, "demo", "PROMOFLOW_DEMO", true, "seed a small catalog, make one purchase per target kind and show the cards' boosts as they change (a live table on a terminal)")
+	ps.negation("no-demo", "demo", "skip the demo: --demo=false")
 	if err := ps.parse(args); err != nil {
 		return d, err
 	}
@@ -121,6 +133,9 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
        curl -s http://%s/cards/projects/11111111-1111-4111-8111-111111111111
 `, p.HTTPAddr, d.apiTokenShown, c.HTTPAddr, d.adminTokenShown, p.Kafka.Brokers, embedded,
 		d.adminTokenShown, c.HTTPAddr, d.apiTokenShown, p.HTTPAddr, c.HTTPAddr)
+	if d.Demo {
+		fmt.Fprintln(w, "  demo          2 projects, 4 purchases, about 25 s (--no-demo or PROMOFLOW_DEMO=0 skips it)")
+	}
 
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return startPromotion(ctx, p, quietLogger("promotion")) },
@@ -131,8 +146,34 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 			}
 			quiet.ready()
 			log.Info("ready", "promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr))
+			if d.Demo {
+				d.playDemo(ctx, log, out.OnStep)
+			}
 			<-ctx.Done()
 			return nil
 		},
 	)
+}
+
+// playDemo plays the demo once both APIs are ready: a failed step is logged
+// and the processes keep running.
+func (d devConfig) playDemo(ctx context.Context, log *slog.Logger, onStep func(context.Context, demo.Step) error) {
+	tokens, _ := api.ParseTokens(d.Promotion.APITokens) // validated: dev's demo token or the operator's
+	names := make([]string, 0, len(tokens))
+	for t := range tokens {
+		names = append(names, t)
+	}
+	slices.Sort(names)
+	cfg := demo.Config{PromotionURL: localURL(d.Promotion.HTTPAddr), CatalogURL: localURL(d.Catalog.HTTPAddr),
+		APIToken: names[0], AdminToken: d.Catalog.AdminToken, OnStep: onStep}
+	cfg.OnEvent = func(ev demo.Event) {
+		attrs := []any{"event", ev.Kind}
+		if ev.Purchase != "" {
+			attrs = append(attrs, "purchase", ev.Purchase, "PurchaseId", ev.PurchaseId.String())
+		}
+		log.Info("demo", append(attrs, "detail", ev.Text)...)
+	}
+	if err := demo.Run(ctx, cfg); err != nil {
+		log.Error("demo failed; the processes keep running", "error", err.Error())
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,18 +75,24 @@ func metricValue(t *testing.T, addr, name string) float64 {
 }
 
 // TestDev_StartsQuietlyThenShowsOnlyWhatChanges: promoflow dev prints its
-// banner, a ready line, and while nothing happens nothing more, however many
-// expirer cycles run; LOG_LEVEL=debug shows what it kept back (Watermill's
-// start-up, the empty cycles).
+// banner, a ready line, and while nothing happens (no demo: --no-demo, or
+// PROMOFLOW_DEMO=0) nothing more, however many expirer cycles run;
+// LOG_LEVEL=debug shows what it kept back (Watermill's start-up, the empty
+// cycles).
 func TestDev_StartsQuietlyThenShowsOnlyWhatChanges(t *testing.T) {
 	t.Parallel()
 	for _, level := range []string{"info", "debug"} {
 		t.Run(level, func(t *testing.T) {
 			t.Parallel()
 			promotion, catalog := freeAddr(t), freeAddr(t)
-			c := startCommand(t, map[string]string{"DATABASE_URL": pgtest.DatabaseURL(t), "HTTP_ADDR": promotion,
+			env := map[string]string{"DATABASE_URL": pgtest.DatabaseURL(t), "HTTP_ADDR": promotion,
 				"DEV_CATALOG_HTTP_ADDR": catalog, "EXPIRE_INTERVAL": "300ms", "KAFKA_TOPIC_PARTITIONS": "4",
-				"LOG_FORMAT": "text", "LOG_LEVEL": level}, "dev")
+				"LOG_FORMAT": "text", "LOG_LEVEL": level}
+			args := []string{"dev", "--no-demo"} // nothing happens but the expirer's cycles
+			if level == "info" {
+				env["PROMOFLOW_DEMO"], args = "0", []string{"dev"}
+			}
+			c := startCommand(t, env, args...)
 			c.waitReady(t, catalog)
 			require.Eventually(t, func() bool { return strings.Contains(c.output(), " INF ready service=dev") },
 				30*time.Second, 20*time.Millisecond, "no ready line; output:\n%s", c)
@@ -110,5 +117,30 @@ func TestDev_StartsQuietlyThenShowsOnlyWhatChanges(t *testing.T) {
 			}
 			require.Len(t, records, 2, "dev logged more than its ready and stopped lines:\n%s", out)
 		})
+	}
+}
+
+// TestDevSettings_TheDemoRunsUnlessNoDemoOrPromoflowDemoIsFalse: --no-demo
+// wins over $PROMOFLOW_DEMO as any flag wins over its variable.
+func TestDevSettings_TheDemoRunsUnlessNoDemoOrPromoflowDemoIsFalse(t *testing.T) {
+	for _, tc := range []struct {
+		env  string // $PROMOFLOW_DEMO; "-" for unset
+		args []string
+		demo bool
+	}{
+		{"-", nil, true},
+		{"0", nil, false},
+		{"false", nil, false},
+		{"1", []string{"--no-demo"}, false},
+		{"0", []string{"--demo"}, true},
+		{"-", []string{"--demo=false"}, false},
+	} {
+		t.Setenv("PROMOFLOW_DEMO", tc.env)
+		if tc.env == "-" {
+			require.NoError(t, os.Unsetenv("PROMOFLOW_DEMO"))
+		}
+		d, err := parseDev(append([]string{"--database-url", "postgres://promoflow@127.0.0.1:1/none"}, tc.args...))
+		require.NoError(t, err)
+		require.Equal(t, tc.demo, d.Demo, "PROMOFLOW_DEMO=%s %v", tc.env, tc.args)
 	}
 }
