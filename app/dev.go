@@ -38,7 +38,8 @@ type devConfig struct {
 // devOutput is where dev writes, and who else watches the demo.
 type devOutput struct {
 	W io.Writer
-	// Terminal says whether W is a terminal: the log format of auto follows it.
+	// Terminal says whether W is a terminal: the log format of auto follows
+	// it, and the demo draws its live table there.
 	Terminal bool
 	// OnStep is called after each step of the demo (demo.Config.OnStep).
 	OnStep func(context.Context, demo.Step) error
@@ -104,6 +105,11 @@ func parseDev(args []string) (devConfig, error) {
 func (d devConfig) run(ctx context.Context, out devOutput) error {
 	p, c := d.Promotion, d.Catalog
 	w := out.W
+	var screen *demo.Screen
+	if d.Demo && out.Terminal {
+		screen = demo.NewScreen(out.W, stderrWidth()) // the live table below what is logged
+		w = screen
+	}
 	log := slog.New(p.handler(w, out.Terminal)).With("service", "dev")
 	quiet := &quietLogs{stop: ctx}
 	quietLogger := func(service string) *slog.Logger {
@@ -147,7 +153,7 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 			quiet.ready()
 			log.Info("ready", "promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr))
 			if d.Demo {
-				d.playDemo(ctx, log, out.OnStep)
+				d.playDemo(ctx, log, screen, out.OnStep)
 			}
 			<-ctx.Done()
 			return nil
@@ -155,9 +161,10 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 	)
 }
 
-// playDemo plays the demo once both APIs are ready: a failed step is logged
-// and the processes keep running.
-func (d devConfig) playDemo(ctx context.Context, log *slog.Logger, onStep func(context.Context, demo.Step) error) {
+// playDemo plays the demo once both APIs are ready: on a terminal (screen)
+// each event is a line above the live table, elsewhere a log record. A
+// failed step is logged and the processes keep running.
+func (d devConfig) playDemo(ctx context.Context, log *slog.Logger, screen *demo.Screen, onStep func(context.Context, demo.Step) error) {
 	tokens, _ := api.ParseTokens(d.Promotion.APITokens) // validated: dev's demo token or the operator's
 	names := make([]string, 0, len(tokens))
 	for t := range tokens {
@@ -166,12 +173,19 @@ func (d devConfig) playDemo(ctx context.Context, log *slog.Logger, onStep func(c
 	slices.Sort(names)
 	cfg := demo.Config{PromotionURL: localURL(d.Promotion.HTTPAddr), CatalogURL: localURL(d.Catalog.HTTPAddr),
 		APIToken: names[0], AdminToken: d.Catalog.AdminToken, OnStep: onStep}
-	cfg.OnEvent = func(ev demo.Event) {
-		attrs := []any{"event", ev.Kind}
-		if ev.Purchase != "" {
-			attrs = append(attrs, "purchase", ev.Purchase, "PurchaseId", ev.PurchaseId.String())
+	if screen != nil {
+		_, noColor := os.LookupEnv("NO_COLOR")
+		cfg.OnEvent = func(ev demo.Event) { fmt.Fprintln(screen, demo.EventLine(ev, !noColor)) }
+		cfg.OnState = func(s demo.State) { screen.SetFooter(demo.Table(s, time.Now())) }
+		defer screen.Close()
+	} else {
+		cfg.OnEvent = func(ev demo.Event) {
+			attrs := []any{"event", ev.Kind}
+			if ev.Purchase != "" {
+				attrs = append(attrs, "purchase", ev.Purchase, "PurchaseId", ev.PurchaseId.String())
+			}
+			log.Info("demo", append(attrs, "detail", ev.Text)...)
 		}
-		log.Info("demo", append(attrs, "detail", ev.Text)...)
 	}
 	if err := demo.Run(ctx, cfg); err != nil {
 		log.Error("demo failed; the processes keep running", "error", err.Error())

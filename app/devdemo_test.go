@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -35,14 +36,18 @@ var seedRecords = map[string][]string{
 // at each step reads every card's PromotionBoost from the catalog's tables:
 // the demo waits for the step on the catalog's HTTP reads, the test checks
 // what PostgreSQL holds. It runs once on the embedded kfake broker that dev
-// starts without KAFKA_BROKERS, and once on the real Kafka of the test stack
-// with topics and a consumer group of its own; the first logs text, the
-// second JSON, and each checks the seeds' records and keys in its format.
+// starts without KAFKA_BROKERS, as on a terminal (text logs above the live
+// table), and once on the real Kafka of the test stack with topics and a
+// consumer group of its own, logging JSON; each checks the seeds' records
+// and keys in its format.
 func TestDevDemo_EveryCardShowsItsStepsBoostInPostgreSQL(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ name, brokers, format string }{
-		{"embedded kfake, text logs", "", logFormatText},
-		{"real Kafka, JSON logs", strings.Join(kafkatest.Brokers(t), ","), logFormatJSON},
+	for _, tc := range []struct {
+		name, brokers, format string
+		terminal              bool
+	}{
+		{"embedded kfake, on a terminal", "", logFormatAuto, true},
+		{"real Kafka, JSON logs", strings.Join(kafkatest.Brokers(t), ","), logFormatJSON, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -73,7 +78,7 @@ func TestDevDemo_EveryCardShowsItsStepsBoostInPostgreSQL(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			stopped := make(chan error, 1)
-			go func() { stopped <- d.run(ctx, devOutput{W: out, OnStep: onStep}) }()
+			go func() { stopped <- d.run(ctx, devOutput{W: out, Terminal: tc.terminal, OnStep: onStep}) }()
 			t.Cleanup(func() {
 				cancel()
 				require.NoError(t, <-stopped, "dev stops cleanly")
@@ -103,10 +108,22 @@ func TestDevDemo_EveryCardShowsItsStepsBoostInPostgreSQL(t *testing.T) {
 				checked <- struct{}{}
 			}
 			require.Equal(t, []string{"seeded", "cascaded P1", "applied P2", "cascaded P3", "ignored P4", "cancelled P3", "expired P1", "done"}, seen)
-			requireSeedRecords(t, tc.format, out.String())
+			if !tc.terminal {
+				requireSeedRecords(t, tc.format, out.String())
+				return
+			}
+			shown := ansi.ReplaceAllString(out.String(), "")
+			requireSeedRecords(t, logFormatText, shown)
+			require.Regexp(t, `\d\d:\d\d:\d\d  cascaded  P1  Project A \+10 reached A and its published objects A1-A3`, shown, "an event line above the table")
+			table := shown[strings.LastIndex(shown, "PromotionBoost of the demo cards"):]
+			require.Regexp(t, `\n    B2  Hillview flat B2 +yes +5\n`, table, "the last table drawn")
+			require.Regexp(t, `\n  P1 +Project A +10  Expired\n`, table, "the last table drawn")
 		})
 	}
 }
+
+// ansi matches the terminal's escape sequences: colours, cursor up, erase below.
+var ansi = regexp.MustCompile(`\x1b\[[0-9;]*[A-Za-z]`)
 
 // requireBoosts checks every card's promotion_boost in PostgreSQL against the step's.
 func requireBoosts(t *testing.T, db *sqlx.DB, s demo.Step) {
