@@ -146,15 +146,18 @@ type PurchaseState struct {
 	CancelAt time.Time
 }
 
-// Run plays the demo once, then keeps the table fresh until ctx ends. It
-// returns nil when ctx ends, and the first step that fails otherwise.
+// Run plays the demo once; with an OnState, it then keeps the table fresh
+// until ctx ends. It returns the first step that fails, and nil otherwise
+// (ctx ending is no failure).
 func Run(ctx context.Context, cfg Config) error {
+	follow := cfg.OnState != nil
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	r := &run{cfg: cfg, api: client{http: cfg.HTTP, promotionURL: cfg.PromotionURL, catalogURL: cfg.CatalogURL,
-		apiToken: cfg.APIToken, adminToken: cfg.AdminToken}, cards: newCatalog(), boost: map[uuid.UUID]int{}}
+		apiToken: cfg.APIToken, adminToken: cfg.AdminToken}, cards: newCatalog(),
+		boost: map[uuid.UUID]int{}, changes: map[uuid.UUID]CardState{}}
 	err := r.play(ctx)
 	if ctx.Err() != nil {
 		return nil // stopped (Ctrl-C) mid-demo: not a failure
@@ -162,7 +165,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	for ctx.Err() == nil { // the countdowns of the purchases left go on
+	for follow && ctx.Err() == nil { // the countdowns of the purchases left go on
 		_ = r.read(ctx)
 		sleep(ctx, time.Second)
 	}
@@ -225,7 +228,7 @@ func (r *run) play(ctx context.Context) error {
 	if err := r.api.cancel(ctx, p3); err != nil {
 		return fmt.Errorf("cancel %s: %w", p3.Label, err)
 	}
-	if err := r.step(ctx, r.event(EventCancelled, p3, "cancelled after 10s: B and B1-B3 lost its 3, B2 keeps its own 5"), wantCancelled, nil); err != nil {
+	if err := r.step(ctx, r.event(EventCancelled, p3, fmt.Sprintf("cancelled after %s: B and B1-B3 lost its 3, B2 keeps its own 5", p3.CancelAfter)), wantCancelled, nil); err != nil {
 		return err
 	}
 
@@ -312,11 +315,21 @@ func (r *run) report(ctx context.Context, ev Event, want boosts) error {
 	return r.cfg.OnStep(ctx, s)
 }
 
+// onTime is how late after its EndsAt the demo still calls an expiry on
+// time: the expirer's wake-up runs a cycle at the earliest EndsAt, and
+// re-reads it every second.
+const onTime = 2 * time.Second
+
 // expiredText says how long after its EndsAt the expirer expired p: its
 // UpdatedAt is the expiry's AsOf, PostgreSQL's clock.
 func expiredText(p *purchase) string {
-	return fmt.Sprintf("on time: EndsAt %s, Expired at %s (+%dms); A and A1-A3 lost its 10",
-		p.EndsAt.Local().Format(time.TimeOnly+".000"), p.UpdatedAt.Local().Format(time.TimeOnly+".000"), p.UpdatedAt.Sub(p.EndsAt).Milliseconds())
+	late := p.UpdatedAt.Sub(p.EndsAt)
+	when := "on time"
+	if late > onTime {
+		when = "late"
+	}
+	return fmt.Sprintf("%s: EndsAt %s, Expired at %s (+%dms); A and A1-A3 lost its 10", when,
+		p.EndsAt.Local().Format(time.TimeOnly+".000"), p.UpdatedAt.Local().Format(time.TimeOnly+".000"), late.Milliseconds())
 }
 
 // waitUntil keeps reading (and so the table fresh) until t.
@@ -342,9 +355,6 @@ func (r *run) read(ctx context.Context) error {
 		}
 	}
 	now := time.Now()
-	if r.changes == nil {
-		r.changes = map[uuid.UUID]CardState{}
-	}
 	for id, b := range got {
 		if old, seen := r.boost[id]; seen && old != b {
 			r.changes[id] = CardState{Change: b - old, ChangedAt: now}

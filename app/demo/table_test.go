@@ -44,3 +44,13 @@ func TestTable_ShowsEachCardsBoostItsLastChangeAndWhatComesNextForEachPurchase(t
 		"  P6       Post                      1  -",
 	}, "\n"), strings.Join(Table(s, now), "\n"))
 }
+
+// TestExpiredText_SaysOnTimeUntilTwoSecondsPastEndsAt: the expiry event says
+// how late the expirer was, by PostgreSQL's clock.
+func TestExpiredText_SaysOnTimeUntilTwoSecondsPastEndsAt(t *testing.T) {
+	ends := time.Date(2026, 12, 1, 21, 41, 32, 512_000_000, time.Local)
+	require.Equal(t, "on time: EndsAt 21:41:32.512, Expired at 21:41:32.530 (+18ms); A and A1-A3 lost its 10",
+		expiredText(&purchase{EndsAt: ends, UpdatedAt: ends.Add(18 * time.Millisecond)}))
+	require.Equal(t, "late: EndsAt 21:41:32.512, Expired at 21:41:35.512 (+3000ms); A and A1-A3 lost its 10",
+		expiredText(&purchase{EndsAt: ends, UpdatedAt: ends.Add(3 * time.Second)}))
+}
