@@ -38,7 +38,8 @@ var mayImport = map[string][]string{
 	"router":                         {"handlers/", "middleware", "router/audit", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild"},
 	"router/catalogtest":             {"handlers/", "middleware", "router", "router/kafkakit", "router/kafkakit/kafkatest", "sqlmigrate/pgtest"},
 	"app/api":                        {"handlers/", "router/bounded", "router/rebuild"},
-	"app":                            {"app/api", "handlers/", "middleware", "router", "router/", "sqlmigrate"},
+	"app/demo":                       {"handlers/event"},
+	"app":                            {"app/api", "app/demo", "handlers/", "middleware", "router", "router/", "sqlmigrate"},
 	"scripts/benchplot":              nil,
 	// The fault suite's checker (its scenarios build with the faults tag,
 	// which go list leaves out) reads the purchase topic as the operator tools do.

@@ -60,7 +60,7 @@ func runCatalog(ctx context.Context, args []string) error {
 	if err := parseCommand("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
 		return err
 	}
-	return startCatalog(ctx, cfg, newLogger(cfg.LogLevel, "catalog"))
+	return startCatalog(ctx, cfg, cfg.logger("catalog"))
 }
 
 func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {

@@ -5,10 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
-	"os"
 	"strings"
 
 	"github.com/IBM/sarama"
@@ -23,9 +21,10 @@ type commonConfig struct {
 	DatabaseURL    string
 	Kafka          kafkaConfig
 	HTTPAddr       string
-	LogLevel       string
 	MigrateOnStart bool
 	DBMaxConns     int
+	// logSettings are LOG_LEVEL and LOG_FORMAT.
+	logSettings
 
 	// DatabaseDirectURL reaches PostgreSQL itself when DatabaseURL goes
 	// through a pooler: migrations run there (database.go).
@@ -46,7 +45,7 @@ func (c *commonConfig) openCommand(ctx context.Context, s *settings, args []stri
 	if err := c.validate(); err != nil {
 		return nil, nil, err
 	}
-	log := newLoggerTo(os.Stderr, c.LogLevel, name)
+	log := c.logger(name)
 	db, err := openDB(ctx, *c, log)
 	return db, log, err
 }
@@ -55,7 +54,7 @@ func (c *commonConfig) openCommand(ctx context.Context, s *settings, args []stri
 func (c *commonConfig) registerStores(s *settings) {
 	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/db?sslmode=disable (required)")
 	c.Kafka.register(s)
-	s.str(&c.LogLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
+	c.logSettings.register(s)
 	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", true, "apply missing migrations at start (safe with several processes)")
 	s.int(&c.DBMaxConns, "db-max-conns", "DB_MAX_CONNS", 20, "most open PostgreSQL connections")
 	s.str(&c.DatabaseDirectURL, "database-direct-url", "DATABASE_DIRECT_URL", "", databaseDirectURLUsage)
@@ -67,29 +66,11 @@ func (c commonConfig) validate() error {
 		errs = append(errs, errors.New("database URL is required (--database-url or $DATABASE_URL)"))
 	}
 	errs = append(errs, c.Kafka.validate())
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.logSettings.validate())
 	if c.DBMaxConns < 2 {
 		errs = append(errs, errors.New("db max conns must be >= 2"))
 	}
 	return errors.Join(errs...)
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.ToUpper(s))); err != nil {
-		return 0, fmt.Errorf("log level %q: want debug, info, warn or error", s)
-	}
-	return l, nil
-}
-
-func newLogger(level, service string) *slog.Logger { return newLoggerTo(os.Stdout, level, service) }
-
-// newLoggerTo is a slog JSON logger tagged with the service name.
-func newLoggerTo(w io.Writer, level, service string) *slog.Logger {
-	l, _ := parseLevel(level)
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})).With("service", service)
 }
 
 // openProcess sets up a long-running process: tracing from OTEL_* variables

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"io"
+	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,4 +51,96 @@ func TestDev_PrintsTheDemoTokensItMadeUpAndNoneTheOperatorSet(t *testing.T) {
 		require.Contains(t, out, "(admin: Bearer "+devAdminToken+")")
 		require.Contains(t, out, "(Authorization: Bearer "+devAPIToken+")")
 	})
+}
+
+// metricValue is the value of the sample line that starts with name on the
+// /metrics of the process at addr (-1 when there is none).
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	return -1
+}
+
+// TestDev_StartsQuietlyThenShowsOnlyWhatChanges: promoflow dev prints its
+// banner, a ready line, and while nothing happens (no demo: --no-demo, or
+// PROMOFLOW_DEMO=0) nothing more, however many expirer cycles run;
+// LOG_LEVEL=debug shows what it kept back (Watermill's start-up, the empty
+// cycles).
+func TestDev_StartsQuietlyThenShowsOnlyWhatChanges(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"info", "debug"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			promotion, catalog := freeAddr(t), freeAddr(t)
+			env := map[string]string{"DATABASE_URL": pgtest.DatabaseURL(t), "HTTP_ADDR": promotion,
+				"DEV_CATALOG_HTTP_ADDR": catalog, "EXPIRE_INTERVAL": "300ms", "KAFKA_TOPIC_PARTITIONS": "4",
+				"LOG_FORMAT": "text", "LOG_LEVEL": level}
+			args := []string{"dev", "--no-demo"} // nothing happens but the expirer's cycles
+			if level == "info" {
+				env["PROMOFLOW_DEMO"], args = "0", []string{"dev"}
+			}
+			c := startCommand(t, env, args...)
+			c.waitReady(t, catalog)
+			require.Eventually(t, func() bool { return strings.Contains(c.output(), " INF ready service=dev") },
+				30*time.Second, 20*time.Millisecond, "no ready line; output:\n%s", c)
+			require.Eventually(t, func() bool { return metricValue(t, promotion, "promotion_expire_run_total") >= 3 },
+				30*time.Second, 50*time.Millisecond, "the expirer ran no cycles; output:\n%s", c)
+			c.stop()
+			out := c.output()
+			require.Contains(t, out, "promoflow dev\n  purchase API  http://"+promotion)
+			require.Contains(t, out, " INF stopped service=dev")
+			if level == "debug" {
+				for _, kept := range []string{" DBG Adding handler ", " DBG Starting handler ", " DBG migrations applied ",
+					" DBG cycle started service=promotion runId=", " DBG batch selected ", " DBG cycle completed "} {
+					require.Contains(t, out, kept)
+				}
+				return
+			}
+			var records []string
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, " INF ") || strings.Contains(line, " DBG ") {
+					records = append(records, line)
+				}
+			}
+			require.Len(t, records, 2, "dev logged more than its ready and stopped lines:\n%s", out)
+		})
+	}
+}
+
+// TestDevSettings_TheDemoRunsUnlessNoDemoOrPromoflowDemoIsFalse: --no-demo
+// wins over $PROMOFLOW_DEMO as any flag wins over its variable.
+func TestDevSettings_TheDemoRunsUnlessNoDemoOrPromoflowDemoIsFalse(t *testing.T) {
+	for _, tc := range []struct {
+		env  string // $PROMOFLOW_DEMO; "-" for unset
+		args []string
+		demo bool
+	}{
+		{"-", nil, true},
+		{"0", nil, false},
+		{"false", nil, false},
+		{"1", []string{"--no-demo"}, false},
+		{"0", []string{"--demo"}, true},
+		{"-", []string{"--demo=false"}, false},
+	} {
+		t.Setenv("PROMOFLOW_DEMO", tc.env)
+		if tc.env == "-" {
+			require.NoError(t, os.Unsetenv("PROMOFLOW_DEMO"))
+		}
+		d, err := parseDev(append([]string{"--database-url", "postgres://promoflow@127.0.0.1:1/none"}, tc.args...))
+		require.NoError(t, err)
+		require.Equal(t, tc.demo, d.Demo, "PROMOFLOW_DEMO=%s %v", tc.env, tc.args)
+	}
 }

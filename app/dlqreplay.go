@@ -16,17 +16,17 @@ import (
 
 func runDLQReplay(ctx context.Context, args []string) error {
 	var (
-		kafka    kafkaConfig
-		logLevel string
-		cfg      dlqreplay.Config
-		max      int
-		list     bool
+		kafka kafkaConfig
+		logs  logSettings
+		cfg   dlqreplay.Config
+		max   int
+		list  bool
 	)
 	s := newSettings("dlq-replay", "Replays the Promotion Boost DLQ to the catalog-only replay topic with a Watermill forwarder.\n"+
 		"It resumes where the last run with the same filters stopped, stops at the end it saw at the start,\n"+
 		"and parks records replayed --max-replays times. --list shows what the DLQ holds and changes nothing.")
 	kafka.register(s)
-	s.str(&logLevel, "log-level", "LOG_LEVEL", "info", "debug, info, warn or error")
+	logs.register(s)
 	s.bool(&list, "list", "DLQ_REPLAY_LIST", false, "print what the DLQ holds by error code and reason, and exit; writes nothing")
 	s.str(&cfg.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic to read")
 	s.str(&cfg.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic the catalog consumer reads replays from")
@@ -42,13 +42,13 @@ func runDLQReplay(ctx context.Context, args []string) error {
 	if err := s.parse(args); err != nil {
 		return err
 	}
-	if _, err := parseLevel(logLevel); err != nil {
+	if err := logs.validate(); err != nil {
 		return err
 	}
 	if err := kafka.validate(); err != nil {
 		return err
 	}
-	log := newLoggerTo(os.Stderr, logLevel, "dlq-replay")
+	log := logs.logger("dlq-replay")
 	stopTracing, err := setupTracing(ctx, "dlq-replay")
 	if err != nil {
 		return err

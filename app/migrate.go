@@ -17,16 +17,21 @@ func runMigrate(ctx context.Context, args []string) error {
 		action, args = args[0], args[1:]
 	}
 	var dbURL, directURL string
+	var logs logSettings
 	s := newSettings("migrate", "Applies (up) or lists (status) the embedded migrations. Safe while other processes migrate.")
 	s.str(&dbURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL (required)")
 	s.str(&directURL, "database-direct-url", "DATABASE_DIRECT_URL", "", databaseDirectURLUsage)
+	logs.register(s)
 	if err := s.parse(args); err != nil {
+		return err
+	}
+	if err := logs.validate(); err != nil {
 		return err
 	}
 	if dbURL == "" {
 		return errors.New("database URL is required (--database-url or $DATABASE_URL)")
 	}
-	log := newLogger("info", "migrate")
+	log := logs.logger("migrate")
 	db, err := openPool(ctx, cmp.Or(directURL, dbURL), 2, log)
 	if err != nil {
 		return err

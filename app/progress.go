@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
 
 	"github.com/promoflow/promoflow/router/bounded"
 )
@@ -22,7 +21,7 @@ const progressLogEvery = 5 * time.Second
 func showProgress(ctx context.Context, what string, counts func() (bounded.Counts, bool), log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	if term.IsTerminal(int(os.Stderr.Fd())) {
+	if stderrIsTerminal() {
 		wg.Go(func() { drawBar(ctx, what, counts) })
 	} else {
 		wg.Go(func() { logProgress(ctx, what, counts, log) })

@@ -15,13 +15,14 @@ import (
 // settings maps every flag to its environment variable in one place. A flag
 // given on the command line wins over the variable, which wins over the default.
 type settings struct {
-	fs   *flag.FlagSet
-	envs map[string]string // flag name → env var
+	fs      *flag.FlagSet
+	envs    map[string]string // flag name → env var
+	negates map[string]string // --no-x → x (negation)
 }
 
 func newSettings(name, summary string) *settings {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	s := &settings{fs: fs, envs: map[string]string{}}
+	s := &settings{fs: fs, envs: map[string]string{}, negates: map[string]string{}}
 	fs.Usage = func() {
 		out := fs.Output()
 		fmt.Fprintf(out, "Usage: promoflow %s [flags]\n\n%s\n\nSettings (flag, environment variable, default):\n", name, summary)
@@ -30,7 +31,11 @@ func newSettings(name, summary string) *settings {
 			if def == "" {
 				def = `""`
 			}
-			fmt.Fprintf(out, "  --%-32s $%-33s default %s\n      %s\n", f.Name, s.envs[f.Name], def, f.Usage)
+			env := "$" + s.envs[f.Name]
+			if s.envs[f.Name] == "" {
+				env = "(flag only)"
+			}
+			fmt.Fprintf(out, "  --%-32s %-34s default %s\n      %s\n", f.Name, env, def, f.Usage)
 		})
 	}
 	return s
@@ -95,7 +100,12 @@ func (s *settings) parse(args []string) error {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(s.fs.Args(), " "))
 	}
 	given := map[string]bool{}
-	s.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	s.fs.Visit(func(f *flag.Flag) {
+		given[f.Name] = true
+		if of, ok := s.negates[f.Name]; ok {
+			given[of] = true
+		}
+	})
 	var errs []error
 	s.fs.VisitAll(func(f *flag.Flag) {
 		env := s.envs[f.Name]
@@ -109,6 +119,35 @@ func (s *settings) parse(args []string) error {
 	})
 	return errors.Join(errs...)
 }
+
+// negation binds --name, on the command line only, as the negation of the
+// bool flag of: --no-demo is --demo=false, and wins over $PROMOFLOW_DEMO as
+// --demo would.
+func (s *settings) negation(name, of, usage string) {
+	s.fs.Var(negationValue{s.fs.Lookup(of).Value}, name, usage)
+	s.negates[name] = of
+}
+
+type negationValue struct{ of flag.Value }
+
+func (v negationValue) String() string {
+	if v.of == nil { // the zero value flag makes to print defaults
+		return "false"
+	}
+	b, _ := strconv.ParseBool(v.of.String())
+	return strconv.FormatBool(!b)
+}
+
+func (v negationValue) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	return v.of.Set(strconv.FormatBool(!b))
+}
+
+// IsBoolFlag lets --no-x stand for --no-x=true.
+func (v negationValue) IsBoolFlag() bool { return true }
 
 // splitList splits a comma-separated setting, dropping blanks.
 func splitList(s string) []string {

@@ -3,6 +3,10 @@
 #
 #   scripts/run.sh [promoflow dev flags]
 #
+# With no arguments it plays the live demo (app/demo): a small catalog, one
+# purchase per target kind, the cards' boosts as they change; --no-demo (or
+# PROMOFLOW_DEMO=0) skips it.
+#
 # Without DATABASE_URL it starts a private PostgreSQL (scripts/stack.sh up
 # postgres, installing Debian's postgresql when missing). Without
 # KAFKA_BROKERS, `promoflow dev` runs an embedded in-process Kafka broker.
