@@ -125,7 +125,9 @@ func topicSize(t *testing.T, topic string) int64 {
 }
 
 // readProduced reads topic from its start, with each record's producer id,
-// until every message id of want is there.
+// until every message id of want is there; it fails when a minute passes
+// with no new one (a relay under -race on a loaded machine is slow, not
+// stopped).
 func readProduced(t *testing.T, topic string, want []string) []*kgo.Record {
 	t.Helper()
 	client, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Brokers(t)...), kgo.ConsumeTopics(topic),
@@ -136,13 +138,14 @@ func readProduced(t *testing.T, topic string, want []string) []*kgo.Record {
 	for _, id := range want {
 		missing[id] = true
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
 	var out []*kgo.Record
 	for len(missing) > 0 {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		fetches := client.PollFetches(ctx)
-		if ctx.Err() != nil {
-			require.Failf(t, "events missing from the topic", "%d of %d", len(missing), len(want))
+		timedOut := ctx.Err() != nil
+		cancel()
+		if timedOut {
+			require.Failf(t, "events missing from the topic", "%d of %d, none new for a minute", len(missing), len(want))
 		}
 		require.NoError(t, fetches.Err0(), "read %s", topic)
 		fetches.EachRecord(func(r *kgo.Record) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -37,6 +38,11 @@ type CopyConfig struct {
 	// ChunkRows is the most rows one transaction copies. Defaults to
 	// CopyChunkRowsDefault.
 	ChunkRows int
+	// ChunkTime is the most time one transaction copies for: past it, the
+	// transaction commits what it copied and the rest of its chunk goes in
+	// the next one, so that no transaction holds its id for long, however
+	// loaded the server is. Defaults to CopyChunkTimeDefault.
+	ChunkTime time.Duration
 	// Refused, when set, is told of each row that PostgreSQL refuses (a data
 	// exception or an integrity violation: SQLSTATE class 22 or 23), which is
 	// left out: its chunk is copied again without it, found by halving the
@@ -59,10 +65,21 @@ func (c CopyConfig) Validate() error {
 	if c.ChunkRows < 0 {
 		errs = append(errs, errors.New("copy: chunk rows must be >= 0"))
 	}
+	if c.ChunkTime < 0 {
+		errs = append(errs, errors.New("copy: chunk time must be >= 0"))
+	}
 	return errors.Join(errs...)
 }
 
-func (c *CopyConfig) setDefaults() { c.ChunkRows = cmp.Or(c.ChunkRows, CopyChunkRowsDefault) }
+func (c *CopyConfig) setDefaults() {
+	c.ChunkRows = cmp.Or(c.ChunkRows, CopyChunkRowsDefault)
+	c.ChunkTime = cmp.Or(c.ChunkTime, CopyChunkTimeDefault)
+}
+
+// CopyChunkTimeDefault is the most time one transaction of a Copier copies
+// for: what a chunk of CopyChunkRowsDefault takes on a quiet server, five
+// times over.
+const CopyChunkTimeDefault = 500 * time.Millisecond
 
 // Copier copies rows into one table, a chunk at a time. Add fills a chunk
 // while the one before is copied by a goroutine of its own, so that reading
@@ -159,11 +176,16 @@ func (c *Copier) run() {
 // the whole COPY; with Refused set, the rows are then copied again in two
 // halves, down to the refused row alone, which is left out.
 func (c *Copier) copyRows(rows [][]any) error {
-	err := c.copyTx(rows)
+	copied, err := c.copyTx(rows)
 	if err == nil {
-		n := c.rows.Add(int64(len(rows)))
+		n := c.rows.Add(int64(copied))
 		if c.cfg.Committed != nil {
-			return c.cfg.Committed(c.ctx, n)
+			if err := c.cfg.Committed(c.ctx, n); err != nil {
+				return err
+			}
+		}
+		if copied < len(rows) { // ChunkTime ran out
+			return c.copyRows(rows[copied:])
 		}
 		return nil
 	}
@@ -182,11 +204,12 @@ func (c *Copier) copyRows(rows [][]any) error {
 	return c.copyRows(rows[half:])
 }
 
-// copyTx copies rows with one COPY in a transaction of its own.
-func (c *Copier) copyTx(rows [][]any) error {
+// copyTx copies rows with one COPY in a transaction of its own, until they
+// end or ChunkTime has passed, and returns how many it committed.
+func (c *Copier) copyTx(rows [][]any) (int, error) {
 	tx, err := c.cfg.DB.BeginTxx(c.ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin copy into %s: %w", c.cfg.Table, err)
+		return 0, fmt.Errorf("begin copy into %s: %w", c.cfg.Table, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
 	query := pq.CopyInSchema(c.cfg.Schema, c.cfg.Table, c.cfg.Columns...)
@@ -195,21 +218,27 @@ func (c *Copier) copyTx(rows [][]any) error {
 	}
 	stmt, err := tx.PrepareContext(c.ctx, query)
 	if err != nil {
-		return fmt.Errorf("copy into %s: %w", c.cfg.Table, err)
+		return 0, fmt.Errorf("copy into %s: %w", c.cfg.Table, err)
 	}
 	defer stmt.Close()
+	deadline := time.Now().Add(c.cfg.ChunkTime)
+	copied := 0
 	for _, row := range rows {
-		if _, err := stmt.ExecContext(c.ctx, row...); err != nil {
-			return fmt.Errorf("copy into %s: %w", c.cfg.Table, err)
+		if copied > 0 && time.Now().After(deadline) {
+			break
 		}
+		if _, err := stmt.ExecContext(c.ctx, row...); err != nil {
+			return 0, fmt.Errorf("copy into %s: %w", c.cfg.Table, err)
+		}
+		copied++
 	}
 	if _, err := stmt.ExecContext(c.ctx); err != nil {
-		return fmt.Errorf("end copy into %s: %w", c.cfg.Table, err)
+		return 0, fmt.Errorf("end copy into %s: %w", c.cfg.Table, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit copy into %s: %w", c.cfg.Table, err)
+		return 0, fmt.Errorf("commit copy into %s: %w", c.cfg.Table, err)
 	}
-	return nil
+	return copied, nil
 }
 
 // refusal reports whether err is PostgreSQL refusing a row's data: a data

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,26 @@ func TestCopier_RefusedRowsAreLeftOutAndTheRestCopied(t *testing.T) {
 	require.ErrorAs(t, err, &pqErr)
 	require.EqualValues(t, "22008", pqErr.Code)
 	require.Zero(t, strict.Rows())
+}
+
+// TestCopier_AChunkCommitsWhenItsTimeRunsOut: a transaction copies for
+// ChunkTime at most, however many rows its chunk has left: the rest goes in
+// the next one, and every row is copied once.
+func TestCopier_AChunkCommitsWhenItsTimeRunsOut(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.db.Exec(`CREATE UNLOGGED TABLE catalog.copy_timed (n integer NOT NULL)`)
+	require.NoError(t, err)
+	var commits int
+	c, err := boost.NewCopier(ctx, boost.CopyConfig{DB: b.db, Schema: "catalog", Table: "copy_timed",
+		Columns: []string{"n"}, ChunkRows: 50, ChunkTime: time.Nanosecond,
+		Committed: func(context.Context, int64) error { commits++; return nil }})
+	require.NoError(t, err)
+	for i := range 100 {
+		require.NoError(t, c.Add(i))
+	}
+	require.NoError(t, c.Close())
+	require.Equal(t, 100, commits, "a transaction a row: each one's time ran out after its first")
+	require.Equal(t, 100, b.count(t, `SELECT count(DISTINCT n) FROM catalog.copy_timed`))
+	require.EqualValues(t, 100, c.Rows())
 }

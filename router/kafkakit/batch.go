@@ -231,6 +231,9 @@ type producerConn struct {
 	client sarama.Client
 	sync   sarama.SyncProducer
 	closed bool
+	// sends are the SendMessages under way: the producer is closed only
+	// after them (Sarama panics on a send into a producer being closed).
+	sends sync.WaitGroup
 }
 
 // producer connects on first use. Once the dialer is fenced it fails at once.
@@ -263,25 +266,36 @@ func (c *producerConn) sendMessages(records []*sarama.ProducerMessage) error {
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrFenced
+	}
+	c.sends.Add(1)
+	c.mu.Unlock()
+	defer c.sends.Done()
 	return producer.SendMessages(records)
 }
 
-// close closes the client before the producer: a fenced producer's retries
-// then end at once (the client is closed) instead of waiting out their
-// backoffs against a dialer that refuses them.
+// close closes the producer once no send is under way. A fenced producer's
+// client is closed first, so that its sends' retries end at once instead of
+// waiting out their backoffs against a dialer that refuses them.
 func (c *producerConn) close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed || c.sync == nil {
 		c.closed = true
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
+	c.mu.Unlock()
 	if c.dialer.isAborted() {
 		_ = c.client.Close()
+		c.sends.Wait()
 		_ = c.sync.Close()
 		return nil
 	}
+	c.sends.Wait()
 	return errors.Join(c.sync.Close(), c.client.Close())
 }
 
