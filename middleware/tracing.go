@@ -28,22 +28,25 @@ var tracer = otel.Tracer("github.com/promoflow/promoflow")
 func Receive(name, group string) message.HandlerMiddleware {
 	return spanMiddleware(name, trace.SpanKindConsumer, func(msg *message.Message) context.Context {
 		return event.ExtractTrace(msg.Context(), msg)
-	}, semconv.MessagingConsumerGroupName(group), semconv.MessagingOperationTypeReceive)
+	}, MessageAttrs, semconv.MessagingConsumerGroupName(group), semconv.MessagingOperationTypeReceive)
 }
 
 // Span opens a span named name around the rest of the chain, as a child of
-// the span the message's context holds, with the message's attributes (its
-// id, correlation id and purchase id, and where Kafka had it), and records
-// the chain's error. Inside Receive it gives the process → store spans whose
-// correlation id a trace search joins.
+// the span the message's context holds, with the message's id, correlation
+// id and purchase id (ChildAttrs), and records the chain's error. Inside
+// Receive it gives the process → store spans whose correlation id a trace
+// search joins; where Kafka had the message is on the receive span, their
+// parent, and not repeated: every attribute is paid for per event, when the
+// span starts and again when it is exported.
 func Span(name string, kind trace.SpanKind) message.HandlerMiddleware {
-	return spanMiddleware(name, kind, (*message.Message).Context)
+	return spanMiddleware(name, kind, (*message.Message).Context, ChildAttrs)
 }
 
-func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Message) context.Context, extra ...attribute.KeyValue) message.HandlerMiddleware {
+func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Message) context.Context,
+	attrs func(*message.Message) []attribute.KeyValue, extra ...attribute.KeyValue) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			ctx, span := StartSpan(parent(msg), name, kind, msg, extra...)
+			ctx, span := startSpan(parent(msg), name, kind, msg, attrs, extra...)
 			defer span.End()
 			restore := msg.Context()
 			msg.SetContext(ctx)
@@ -59,10 +62,14 @@ func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Messa
 // attributes are made only for a span that records: without a trace
 // exporter every span is a no-op, and the consumer opens three per event.
 func StartSpan(ctx context.Context, name string, kind trace.SpanKind, msg *message.Message, extra ...attribute.KeyValue) (context.Context, trace.Span) {
+	return startSpan(ctx, name, kind, msg, MessageAttrs, extra...)
+}
+
+func startSpan(ctx context.Context, name string, kind trace.SpanKind, msg *message.Message,
+	attrs func(*message.Message) []attribute.KeyValue, extra ...attribute.KeyValue) (context.Context, trace.Span) {
 	ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(kind))
 	if span.IsRecording() {
-		span.SetAttributes(MessageAttrs(msg)...)
-		span.SetAttributes(extra...)
+		span.SetAttributes(append(attrs(msg), extra...)...)
 	}
 	return ctx, span
 }
@@ -110,16 +117,24 @@ func EndSpan(span trace.Span, err error) {
 	}
 }
 
-// MessageAttrs are the span attributes of one event message (messaging
-// semantic conventions, and the seed's correlation id as correlation_id).
-func MessageAttrs(msg *message.Message) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKafka,
+// ChildAttrs are the span attributes of one event message on a span below
+// the one that received it: its id, the seed's correlation id as
+// correlation_id, and its purchase.
+func ChildAttrs(msg *message.Message) []attribute.KeyValue {
+	return []attribute.KeyValue{
 		semconv.MessagingMessageID(msg.UUID),
 		attribute.String("correlation_id", msg.Metadata.Get(event.HeaderCorrelationID)),
 		attribute.String("purchase.id", msg.Metadata.Get(event.HeaderAggregateID)),
-		attribute.String("tenant.id", msg.Metadata.Get(event.HeaderTenantID)),
 	}
+}
+
+// MessageAttrs are the span attributes of one event message (messaging
+// semantic conventions, and the seed's correlation id as correlation_id):
+// ChildAttrs, and its tenant and where Kafka had it.
+func MessageAttrs(msg *message.Message) []attribute.KeyValue {
+	attrs := append(make([]attribute.KeyValue, 0, 10), semconv.MessagingSystemKafka,
+		attribute.String("tenant.id", msg.Metadata.Get(event.HeaderTenantID)))
+	attrs = append(attrs, ChildAttrs(msg)...)
 	ctx := msg.Context()
 	if topic := message.SubscribeTopicFromCtx(ctx); topic != "" {
 		attrs = append(attrs, semconv.MessagingDestinationName(topic))

@@ -105,13 +105,24 @@ type PurchaseChanged struct {
 type ContractError struct {
 	Field  string
 	Reason string
+	// joined: Reason lists several violations, each with its own field
+	// (joinViolations); Field is the first one's.
+	joined bool
 }
 
 func (e *ContractError) Error() string {
-	if e.Field == "" {
+	if e.Field == "" || e.joined {
 		return "contract violation: " + e.Reason
 	}
 	return fmt.Sprintf("contract violation: %s: %s", e.Field, e.Reason)
+}
+
+// detail is the violation without the "contract violation: " prefix.
+func (e *ContractError) detail() string {
+	if e.Field == "" || e.joined {
+		return e.Reason
+	}
+	return e.Field + ": " + e.Reason
 }
 
 // Validate checks the rules every consumer relies on: a purchase id and a tenant id, Version >= 1,

@@ -102,3 +102,17 @@ func TestContract_ParseRejectsViolations(t *testing.T) {
 	var ce *event.ContractError
 	require.ErrorAs(t, err, &ce)
 }
+
+// TestContract_SeveralViolationsAreEachNamedOnce: a payload that breaks
+// several rules fails with one *ContractError that names the first field
+// and lists every violation once, behind one "contract violation: ", as the
+// DLQ's reason header and promoflow status show it.
+func TestContract_SeveralViolationsAreEachNamedOnce(t *testing.T) {
+	_, err := event.Parse([]byte(`{"PurchaseId":"6f1c2a7e-8a54-4c36-9b9e-0d7f2f0f4a11","Targets":[{"TargetKind":"Project",` +
+		`"TargetId":"11111111-2222-4333-8444-555555555555"}],"BoostWeight":5,"Status":"Active","PaymentStatus":"NotRequired",` +
+		`"StartsAt":"2026-11-01T00:00:00Z","EndsAt":"2026-12-01T00:00:00Z","Version":1}`))
+	var ce *event.ContractError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "TenantId", ce.Field)
+	require.Equal(t, "contract violation: TenantId: is required\nPackageKind: is required", err.Error())
+}

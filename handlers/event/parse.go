@@ -272,12 +272,22 @@ func (d *fields) failed(field string) bool {
 }
 
 // joinViolations is one *ContractError that names the first violation's
-// field and lists every violation.
+// field and lists every violation once, one a line: "contract violation:
+// TenantId: is required\nPackageKind: is required".
 func joinViolations(errs []error) error {
 	var first *ContractError
 	errors.As(errs[0], &first)
 	if len(errs) == 1 {
 		return first
 	}
-	return &ContractError{Field: first.Field, Reason: errors.Join(errs...).Error()}
+	details := make([]string, 0, len(errs))
+	for _, err := range errs {
+		var ce *ContractError
+		if errors.As(err, &ce) {
+			details = append(details, ce.detail())
+		} else {
+			details = append(details, err.Error())
+		}
+	}
+	return &ContractError{Field: first.Field, Reason: strings.Join(details, "\n"), joined: true}
 }
