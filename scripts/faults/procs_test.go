@@ -241,6 +241,24 @@ func (p *proc) crashes() ([]string, error) {
 	return out, sc.Err()
 }
 
+// count is how many lines of the process's log match re.
+func (p *proc) count(re *regexp.Regexp) (int, error) {
+	f, err := os.Open(p.logs)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		if re.Match(sc.Bytes()) {
+			n++
+		}
+	}
+	return n, sc.Err()
+}
+
 // exitLog is every exit so far.
 func (p *proc) exitLog() []exitRecord {
 	p.mu.Lock()
