@@ -110,12 +110,7 @@ type ContractError struct {
 	joined bool
 }
 
-func (e *ContractError) Error() string {
-	if e.Field == "" || e.joined {
-		return "contract violation: " + e.Reason
-	}
-	return fmt.Sprintf("contract violation: %s: %s", e.Field, e.Reason)
-}
+func (e *ContractError) Error() string { return "contract violation: " + e.detail() }
 
 // detail is the violation without the "contract violation: " prefix.
 func (e *ContractError) detail() string {

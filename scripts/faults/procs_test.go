@@ -225,38 +225,36 @@ var crashLine = regexp.MustCompile(`(?i)panic|fatal error`)
 // crashes are the lines of the process's log (every run of it) that tell of
 // a panic or a fatal error.
 func (p *proc) crashes() ([]string, error) {
-	f, err := os.Open(p.logs)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for n := 1; sc.Scan(); n++ {
-		if crashLine.Match(sc.Bytes()) {
-			out = append(out, fmt.Sprintf("%s:%d: %.300s", p.logs, n, sc.Text()))
-		}
-	}
-	return out, sc.Err()
+	err := p.scanLog(crashLine, func(n int, line string) {
+		out = append(out, fmt.Sprintf("%s:%d: %.300s", p.logs, n, line))
+	})
+	return out, err
 }
 
 // count is how many lines of the process's log match re.
 func (p *proc) count(re *regexp.Regexp) (int, error) {
+	n := 0
+	err := p.scanLog(re, func(int, string) { n++ })
+	return n, err
+}
+
+// scanLog calls match with the number and text of each line of the
+// process's log that re matches.
+func (p *proc) scanLog(re *regexp.Regexp, match func(n int, line string)) error {
 	f, err := os.Open(p.logs)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer f.Close()
-	n := 0
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
+	for n := 1; sc.Scan(); n++ {
 		if re.Match(sc.Bytes()) {
-			n++
+			match(n, sc.Text())
 		}
 	}
-	return n, sc.Err()
+	return sc.Err()
 }
 
 // exitLog is every exit so far.
