@@ -45,6 +45,12 @@ const catchUpPartitions = 48
 // events/s, the CPU time per event of the process and of the database's
 // PostgreSQL backends, and their total. 100,000 events of each workload,
 // 5,000 under -short, or PROMOFLOW_CATCHUP_EVENTS.
+//
+// The producer is a dimension (catchUpShapes): the cascade workload's topic
+// is filled as the relay writes it and by franz-go with record batches of up
+// to 16 KiB, 256 KiB and 1 MiB, uncompressed and snappy, lz4 and zstd; the
+// simple workload's as the relay writes it. Each reports the shape of the
+// batches a consumer reads (records and KiB a batch, the largest batch).
 func BenchmarkCatalogCatchUp(b *testing.B) {
 	bin := buildPromoflow(b)
 	n := benchSize(100_000, 5_000)
@@ -53,18 +59,32 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 		n, err = strconv.Atoi(v)
 		require.NoError(b, err, "PROMOFLOW_CATCHUP_EVENTS")
 	}
-	for _, w := range []workload{cascade, simple} {
-		b.Run("workload="+w.name, func(b *testing.B) {
+	runs := []struct {
+		w     workload
+		shape producerShape
+	}{{simple, relayShape}}
+	for _, shape := range catchUpShapes() {
+		runs = append(runs, struct {
+			w     workload
+			shape producerShape
+		}{cascade, shape})
+	}
+	for _, r := range runs {
+		b.Run("workload="+r.w.name+"/producer="+r.shape.name, func(b *testing.B) {
 			var tp throughput
 			var cpu cpuPerEvent
 			var peakMB float64
+			var shape batchShape
 			for range b.N {
-				peakMB = max(peakMB, catchUp(b, bin, n, w, &tp, &cpu))
+				mb, s := catchUp(b, bin, n, r.w, r.shape, &tp, &cpu)
+				peakMB, shape = max(peakMB, mb), s
 			}
 			b.ReportMetric(tp.rate(), "events/s")
 			b.ReportMetric(peakMB, "peak-rss-MB")
 			cpu.report(b, "catalog")
-			b.Logf("%d events (%s) on %d partitions; %s", n, w.name, catchUpPartitions, loadAverage())
+			shape.report(b)
+			b.Logf("%d events (%s, producer %s: %s) on %d partitions; %s", n, r.w.name, r.shape.name, shape,
+				catchUpPartitions, loadAverage())
 		})
 	}
 }
@@ -82,13 +102,14 @@ func buildPromoflow(b *testing.B) string {
 	return bin
 }
 
-// catchUp puts n events of w on a topic, runs `promoflow catalog` until its
-// lag is 0, adds its events/s and CPU time to tp and cpu, and returns its peak
-// RSS in MiB.
-func catchUp(b *testing.B, bin string, n int, w workload, tp *throughput, cpu *cpuPerEvent) (peakMB float64) {
+// catchUp puts n events of w on a topic in the producer's shape, runs
+// `promoflow catalog` until its lag is 0, adds its events/s and CPU time to tp
+// and cpu, and returns its peak RSS in MiB and the topic's batch shape.
+func catchUp(b *testing.B, bin string, n int, w workload, producer producerShape, tp *throughput, cpu *cpuPerEvent) (peakMB float64, shape batchShape) {
 	cb := newWorkloadBench(b, 4, n, w)
 	topic := kafkatest.TopicWith(b, kafkakit.Topic{Partitions: catchUpPartitions, CleanupPolicy: kafkakit.PolicyCompact})
-	produceAll(b, cb, topic)
+	producer.produce(b, cb, topic)
+	shape = topicBatchShape(b, topic, n)
 
 	pg := watchPGBackends(b, cb.c.DB)
 	p := startCatalogProcess(b, bin, cb.c, topic)
@@ -106,7 +127,7 @@ func catchUp(b *testing.B, bin string, n int, w workload, tp *throughput, cpu *c
 	b.Logf("events per transaction: mean %.1f", p.metric(b, "catalog_promotion_batch_size_sum ")/p.metric(b, "catalog_promotion_batch_size_count "))
 	peakMB = p.peakRSSMB(b)
 	p.stop(b)
-	return peakMB
+	return peakMB, shape
 }
 
 // produceAll publishes the bench's messages to topic, keyed by PurchaseId,

@@ -172,12 +172,15 @@ func benchMessages(b *testing.B, n int) []*message.Message {
 // intervals and batch sizes): from the router's start until every purchase is
 // Expired and every event is on Kafka. It reports the seconds, when the last
 // purchase was Expired (the expirer's share; the relay works meanwhile and
-// finishes in the tail), and the process's peak RSS during the burst (VmHWM,
-// reset at the start through /proc/self/clear_refs).
+// finishes in the tail), the process's peak RSS during the burst (VmHWM,
+// reset at the start through /proc/self/clear_refs), and the shape of the
+// record batches the relay wrote (records and bytes a partition batch), so
+// that a change to its batching shows.
 func BenchmarkBurst(b *testing.B) {
 	withoutSpanRecording(b)
 	n := benchSize(100_000, 10_000)
 	var totalSecs, expiredSecs, peakMB float64
+	var shape batchShape
 	for range b.N {
 		bundle := promotionBundle{db: pgtest.DB(b), topic: kafkatest.Topic(b, 6)}
 		purchasetest.SeedActive(b, bundle.db, n, time.Now().Add(-time.Minute))
@@ -205,7 +208,10 @@ func BenchmarkBurst(b *testing.B) {
 		expiredSecs += expiredAt.Seconds()
 		peakMB = max(peakMB, peakRSSMB(b))
 		require.EqualValues(b, n, catalogtest.TopicSize(b, bundle.topic))
+		shape = topicBatchShape(b, bundle.topic, n)
 	}
+	shape.report(b)
+	b.Logf("the relay's record batches: %s", shape)
 	b.ReportMetric(totalSecs/float64(b.N), "burst-s")
 	b.ReportMetric(expiredSecs/float64(b.N), "all-expired-s")
 	b.ReportMetric((totalSecs-expiredSecs)/float64(b.N), "relay-tail-s")
