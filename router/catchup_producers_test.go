@@ -74,9 +74,7 @@ func (s producerShape) produce(b *testing.B, cb *consumerBench, topic string) {
 	require.NoError(b, err)
 	defer client.Close()
 	marshaler := kafka.NewWithPartitioningMarshaler(event.PartitionKey)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
+	records := make([]*kgo.Record, 0, len(cb.msgs))
 	for _, msg := range cb.msgs {
 		pm, err := marshaler.Marshal(topic, msg)
 		require.NoError(b, err)
@@ -88,25 +86,10 @@ func (s producerShape) produce(b *testing.B, cb *consumerBench, topic string) {
 		for _, h := range pm.Headers {
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: string(h.Key), Value: h.Value})
 		}
-		wg.Add(1)
-		client.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
-			defer wg.Done()
-			if err != nil {
-				mu.Lock()
-				firstErr = cmpErr(firstErr, err)
-				mu.Unlock()
-			}
-		})
+		records = append(records, r)
 	}
-	wg.Wait()
-	require.NoError(b, firstErr, "franz-go produce")
-}
-
-func cmpErr(first, next error) error {
-	if first != nil {
-		return first
-	}
-	return next
+	// ProduceSync buffers every record before it waits, so batches fill.
+	require.NoError(b, client.ProduceSync(context.Background(), records...).FirstErr(), "franz-go produce")
 }
 
 // batchShape is what a topic's record batches hold, as a consumer reads them.
