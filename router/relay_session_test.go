@@ -35,6 +35,8 @@ import (
 // each key's last record is its latest version).
 func TestRelay_HolderThatLostItsSessionStopsPublishing(t *testing.T) {
 	t.Parallel()
+	// What failed is said again after the processes' logs, which bury it.
+	st := &lastWords{T: t}
 	url, topic := pgtest.DatabaseURL(t), kafkatest.Topic(t, 6)
 	procs := [2]promotionBundle{{db: pgtest.Open(t, url), topic: topic}, {db: pgtest.Open(t, url), topic: topic}}
 	// 25,000 purchases' v1 in 50 transactions, then their v2 in 50 more:
@@ -59,14 +61,18 @@ func TestRelay_HolderThatLostItsSessionStopsPublishing(t *testing.T) {
 	writeOutbox(t, procs[0], txs...)
 	// Each process's log is printed if the test fails.
 	var logs [2]logtest.Logs
-	for i := range procs {
-		procs[i].startRouter(t, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, logs[i].Logger())
-	}
+	// The first process takes the position before the second starts, so
+	// that the session cut is the first's.
+	procs[0].startRouter(t, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, logs[0].Logger())
+	require.Eventually(st, func() bool { return topicSize(t, topic) > 0 }, time.Minute, 2*time.Millisecond,
+		"the first process publishes")
+	procs[1].startRouter(t, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, logs[1].Logger())
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i := range logs {
 				t.Logf("process %d's log:\n%s", i, strings.Join(logs[i].All(), "\n"))
 			}
+			t.Logf("failed: %s", st.said)
 		}
 	})
 
@@ -75,7 +81,7 @@ func TestRelay_HolderThatLostItsSessionStopsPublishing(t *testing.T) {
 	pid := relayHolderPid(t, procs[0].db)
 	procs[0].db.MustExec(`SELECT pg_terminate_backend($1)`, pid)
 	atKill := topicSize(t, topic)
-	require.Less(t, atKill, int64(len(all)), "the session was cut before the page was published whole")
+	require.Less(st, atKill, int64(len(all)), "the session was cut before the page was published whole")
 	t.Logf("cut the holder's session (pid %d) with %d of %d events on the topic", pid, atKill, len(all))
 
 	records := readProduced(t, topic, uuidsOf(all))
@@ -86,7 +92,7 @@ func TestRelay_HolderThatLostItsSessionStopsPublishing(t *testing.T) {
 	// position up, and the old holder, waiting for it, takes it back).
 	lostBy := func(i int) float64 { return testutil.ToFloat64(procs[i].metrics.OutboxPositionLost) }
 	stepBacks := testutil.ToFloat64(procs[0].metrics.OutboxStepBacks) + testutil.ToFloat64(procs[1].metrics.OutboxStepBacks)
-	require.EqualValues(t, 1, lostBy(0), "the holder whose session was cut lost its position, and said so")
+	require.EqualValues(st, 1, lostBy(0), "the holder whose session was cut lost its position, and said so")
 	handovers := int(lostBy(0) + lostBy(1) + stepBacks)
 	if handovers > 1 {
 		t.Logf("the position changed hands %d times (losses %v and %v, step backs %v)", handovers, lostBy(0), lostBy(1), stepBacks)
@@ -107,7 +113,7 @@ func TestRelay_HolderThatLostItsSessionStopsPublishing(t *testing.T) {
 			}
 		}
 		if len(switches) > handovers {
-			t.Fatalf("partition %d: the producer changed %d times while the position changed hands %d times: "+
+			st.Fatalf("partition %d: the producer changed %d times while the position changed hands %d times: "+
 				"two holders published at once (%s)", p, len(switches), handovers, strings.Join(switches, "; "))
 		}
 	}
@@ -118,16 +124,33 @@ func TestRelay_HolderThatLostItsSessionStopsPublishing(t *testing.T) {
 	last, highest := map[string]int64{}, map[string]int64{}
 	for _, r := range records {
 		ev, err := event.Parse(r.Value)
-		require.NoError(t, err)
+		require.NoError(st, err)
 		if handovers == 1 {
-			require.GreaterOrEqual(t, ev.Version, last[string(r.Key)], "key %s: v%d at %d/%d follows v%d",
+			require.GreaterOrEqual(st, ev.Version, last[string(r.Key)], "key %s: v%d at %d/%d follows v%d",
 				r.Key, ev.Version, r.Partition, r.Offset, last[string(r.Key)])
 		}
 		last[string(r.Key)], highest[string(r.Key)] = ev.Version, max(highest[string(r.Key)], ev.Version)
 	}
 	for key, v := range last {
-		require.Equal(t, highest[key], v, "key %s: its last record on the topic is not its latest version", key)
+		require.Equal(st, highest[key], v, "key %s: its last record on the topic is not its latest version", key)
 	}
+}
+
+// lastWords is a test that keeps what it last failed with, for a test
+// whose cleanup prints so much that the failure scrolls out of sight.
+type lastWords struct {
+	*testing.T
+	said string
+}
+
+func (l *lastWords) Errorf(format string, args ...any) {
+	l.said = fmt.Sprintf(format, args...)
+	l.T.Errorf(format, args...)
+}
+
+func (l *lastWords) Fatalf(format string, args ...any) {
+	l.said = fmt.Sprintf(format, args...)
+	l.T.Fatalf(format, args...)
 }
 
 // relayHolderPid is the backend of the session that holds the outbox
