@@ -167,8 +167,10 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	if err != nil {
 		return nil, err
 	}
-	// The receive span, outermost, continues the trace of the record's
-	// headers and names the topic's group (added per topic below).
+	// The read-ahead's release goes outermost (nothing may hold a record it
+	// still counts), then the receive span, which continues the trace of the
+	// record's headers and names the topic's group (both added per topic
+	// below).
 	consumerChain := []message.HandlerMiddleware{
 		m.lag.Middleware,
 		poison,
@@ -184,12 +186,12 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		if topic == cfg.Topic {
 			onSession = m.GroupSessions.Inc
 		}
-		sub, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer(onSession))
+		sub, readAhead, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer(onSession), m.ReadAheadBytes)
 		if err != nil {
 			return nil, err
 		}
 		receive := middleware.Receive("catalog.promotion.receive", group)
-		r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle).AddMiddleware(append([]message.HandlerMiddleware{receive}, consumerChain...)...)
+		r.AddConsumerHandler("promotion_boost:"+topic, topic, sub, handle).AddMiddleware(append([]message.HandlerMiddleware{readAhead, receive}, consumerChain...)...)
 	}
 	if err := c.addJobs(db, m, log, cfg, wlog); err != nil {
 		return nil, err

@@ -9,6 +9,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/promoflow/promoflow/router/kafkakit"
 )
@@ -16,42 +18,54 @@ import (
 // watermillLogger is the logger Watermill's components take.
 type watermillLogger = watermill.LoggerAdapter
 
-// Defaults of ConsumerBuffers, for a backlog spread over 48 partitions: each
-// partition gets about 90 purchase events a fetch and keeps 64 of them queued,
-// most of a second of its share at 4,000 events/s; a response holds a fetch
-// of 128 partitions. Together they held a catalog catching up 100,000 events
-// near 60 MB of RSS (docs/runbooks/catalog-promotion-boost.md, "Memory").
+// Defaults of ConsumerBuffers. A fetch asks 64 KiB of each partition and
+// 4 MiB over all of them; Kafka still returns a record batch larger than
+// the partition's share whole, but only to the first partition of a fetch
+// that has one, so a topic of 1 MiB batches comes a batch a fetch. Each
+// partition queues up to 4,096 records, which holds such a batch, so the
+// next fetch goes out at once and serves another partition; the read-ahead
+// of 16 MiB over every partition is what stops it. A catalog catching up
+// 100,000 events on 48 partitions peaked at 91-93 MB of RSS with them, from
+// our relay's small batches and from 1 MiB ones alike
+// (docs/runbooks/catalog-promotion-boost.md, "Memory").
 const (
 	FetchPartitionBytesDefault = 64 << 10
-	FetchResponseBytesDefault  = 8 << 20
-	ReadAheadDefault           = 64
+	FetchResponseBytesDefault  = 4 << 20
+	ReadAheadDefault           = 4096
+	ReadAheadBytesDefault      = 16 << 20
 )
 
 // ConsumerBuffers sizes what a consumer holds in memory beside the record
 // in flight on each partition, which is what a backlog fills. Sarama decodes
 // a fetch response in place: every record of it points into the response's
-// one buffer, so the buffer stays until the last of its records is handled.
-// Sarama's defaults (1 MiB a partition, 50 MiB a response, 256 records read
-// ahead) held about 84 MiB of live heap, 250 MB of RSS, while one process
-// caught up 100,000 events on 48 partitions.
+// one buffer (or into its batch's decompressed one), so the buffer stays
+// until the last of its records is handled. Sarama's defaults (1 MiB a
+// partition, 50 MiB a response, 256 records read ahead) held about 84 MiB
+// of live heap, 250 MB of RSS, while one process caught up 100,000 events
+// on 48 partitions.
 type ConsumerBuffers struct {
 	// FetchPartitionBytes is the most one fetch asks of each partition
-	// (Sarama's Consumer.Fetch.Default); a record batch larger than it comes
-	// by one more fetch, sized to it. Defaults to FetchPartitionBytesDefault.
+	// (Sarama's Consumer.Fetch.Default); a record batch larger than it still
+	// comes whole. Defaults to FetchPartitionBytesDefault.
 	FetchPartitionBytes int
 	// FetchResponseBytes caps one fetch response over every partition
 	// (Consumer.Fetch.MaxBytes); the partitions left out are fetched next.
 	// Defaults to FetchResponseBytesDefault.
 	FetchResponseBytes int
-	// ReadAhead is how many fetched records each partition queues for the
-	// handler (ChannelBufferSize). Defaults to ReadAheadDefault.
+	// ReadAhead is how many fetched records each partition may queue for
+	// the handler (ChannelBufferSize). Defaults to ReadAheadDefault.
 	ReadAhead int
+	// ReadAheadBytes caps the records fetched and not yet handled over every
+	// partition, each counted as its key, value and headers plus 1 KiB.
+	// Defaults to ReadAheadBytesDefault.
+	ReadAheadBytes int
 }
 
 func (c *ConsumerBuffers) setDefaults() {
 	c.FetchPartitionBytes = cmp.Or(c.FetchPartitionBytes, FetchPartitionBytesDefault)
 	c.FetchResponseBytes = cmp.Or(c.FetchResponseBytes, FetchResponseBytesDefault)
 	c.ReadAhead = cmp.Or(c.ReadAhead, ReadAheadDefault)
+	c.ReadAheadBytes = cmp.Or(c.ReadAheadBytes, ReadAheadBytesDefault)
 }
 
 // Validate reports sizes Sarama would refuse.
@@ -61,8 +75,8 @@ func (c ConsumerBuffers) Validate() error {
 	if c.FetchPartitionBytes < 1 || c.FetchResponseBytes < c.FetchPartitionBytes {
 		errs = append(errs, errors.New("consumer fetch bytes must be positive, a response's at least a partition's"))
 	}
-	if c.ReadAhead < 1 {
-		errs = append(errs, errors.New("consumer read-ahead must be positive"))
+	if c.ReadAhead < 1 || c.ReadAheadBytes < 1 {
+		errs = append(errs, errors.New("consumer read-ahead (records and bytes) must be positive"))
 	}
 	return errors.Join(errs...)
 }
@@ -76,15 +90,21 @@ func (c ConsumerBuffers) apply(sc *sarama.Config) {
 
 // NewConsumerGroupSubscriber is a Kafka subscriber of a consumer group that
 // starts from the earliest offset when the group has none, with buffers
-// sized by buffers (zero fields: their defaults). tracer may be nil.
-func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers ConsumerBuffers, wlog watermillLogger, tracer kafka.SaramaTracer) (*kafka.Subscriber, error) {
+// sized by buffers (zero fields: their defaults). Its read-ahead in bytes
+// counts a record as handled once the returned middleware, which goes
+// outermost on the subscriber's handler, has seen the handler return.
+// tracer and gauge (the bytes read ahead) may be nil.
+func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers ConsumerBuffers, wlog watermillLogger,
+	tracer kafka.SaramaTracer, gauge prometheus.Gauge) (*kafka.Subscriber, message.HandlerMiddleware, error) {
 	if err := buffers.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sc := cluster.ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	buffers.apply(sc)
+	gate := newReadAhead(int64(buffers.ReadAheadBytes), gauge)
+	sc.Consumer.Interceptors = append(sc.Consumer.Interceptors, gate)
 	// An eager strategy, where every rebalance ends the session: that end is
 	// how middleware.Claims tells Retry that a partition was taken away. A
 	// cooperative strategy (cooperative-sticky) keeps the session of a member
@@ -95,10 +115,10 @@ func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers 
 		Brokers: cluster.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
 		NackResendSleep: time.Second,
-		Tracer:          tracer,
+		Tracer:          gate.Tracer(tracer),
 	}, wlog)
 	if err != nil {
-		return nil, fmt.Errorf("kafka subscriber %s: %w", group, err)
+		return nil, nil, fmt.Errorf("kafka subscriber %s: %w", group, err)
 	}
-	return sub, nil
+	return sub, gate.Middleware, nil
 }

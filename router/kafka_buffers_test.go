@@ -28,6 +28,7 @@ func TestConsumerBuffers_SizeTheSubscribersSaramaConfig(t *testing.T) {
 	require.Error(t, ConsumerBuffers{FetchPartitionBytes: 1 << 20, FetchResponseBytes: 1 << 10}.Validate(),
 		"a response smaller than one partition's fetch")
 	require.Error(t, ConsumerBuffers{ReadAhead: -1}.Validate())
-	_, err := NewConsumerGroupSubscriber(kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, "g", ConsumerBuffers{ReadAhead: -1}, nil, nil)
+	require.Error(t, ConsumerBuffers{ReadAheadBytes: -1}.Validate())
+	_, _, err := NewConsumerGroupSubscriber(kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, "g", ConsumerBuffers{ReadAhead: -1}, nil, nil, nil)
 	require.Error(t, err)
 }

@@ -26,6 +26,9 @@ type CatalogMetrics struct {
 	// GroupSessions counts the consumer-group sessions on the purchase
 	// topic this process started: one at its first join, one per rebalance.
 	GroupSessions prometheus.Counter
+	// ReadAheadBytes is what the consumer has fetched and not yet handled,
+	// as its read-ahead counts it (ConsumerBuffers.ReadAheadBytes).
+	ReadAheadBytes prometheus.Gauge
 	// lag feeds Lag; its middleware goes outermost in the consumer chain.
 	lag *middleware.Lag
 }
@@ -63,6 +66,8 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 		DriftCards:   r.gauge("catalog_promotion_drift_cards", "Cards whose PromotionBoost differs from the replica's sum at the last audit."),
 		GroupSessions: r.counter("catalog_promotion_group_sessions_total",
 			"Consumer-group sessions on the purchase topic this process started: one at its first join, one per rebalance."),
+		ReadAheadBytes: r.gauge("catalog_promotion_read_ahead_bytes",
+			"Bytes of records fetched and not yet handled, counted as the read-ahead budget counts them (key, value, headers and 1 KiB each)."),
 	}
 	return m, r.err
 }

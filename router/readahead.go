@@ -1,0 +1,225 @@
+package router
+
+import (
+	"sync"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// recordOverhead is what the consumer holds for a fetched record beside its
+// key, value and headers: Sarama's ConsumerMessage and its header slice.
+// Counted per record, so that a batch of small records weighs what it
+// costs.
+const recordOverhead = 1024
+
+// readAhead bounds the bytes a consumer has fetched but not yet handled,
+// over all of its partitions. Sarama queues each partition's records in a
+// channel, which here is deep (ConsumerBuffers.ReadAhead), so that a fetch
+// that returns one partition's large record batch is queued at once and the
+// next fetch serves another partition: the handler then sees many partitions
+// at a time, which is what the group commit batches. Counting records by
+// their count alone would let 4,096 records of 1 KiB each queue on every
+// partition; counted in bytes, the read-ahead stops at its budget.
+//
+// It is a Sarama consumer interceptor: OnConsume runs as Sarama hands a
+// fetched record to its partition's channel, and waits there while the
+// records fetched and not handled weigh more than the budget. Sarama sends
+// the next fetch to a broker once every partition of the last one has
+// queued its records, so a wait stops the fetching too. The first record is
+// never held, so a record larger than the budget still passes.
+//
+// A wait ends with the consumer-group session it belongs to: a rebalance
+// or a close must not find a partition consumer held here. Between
+// sessions nothing is counted; a session starts from zero.
+type readAhead struct {
+	budget int64
+	// gauge (may be nil) is added what is counted and taken what is
+	// released, so that consumers sharing it sum.
+	gauge prometheus.Gauge
+
+	mu      sync.Mutex
+	changed *sync.Cond
+	used    int64
+	pending map[claimKey][]fetched
+	// session is the running session's number, 0 between sessions.
+	session, last uint64
+}
+
+// claimKey is one partition of one topic.
+type claimKey struct {
+	topic     string
+	partition int32
+}
+
+type fetched struct {
+	offset int64
+	bytes  int64
+}
+
+func newReadAhead(budget int64, gauge prometheus.Gauge) *readAhead {
+	r := &readAhead{budget: budget, gauge: gauge, pending: map[claimKey][]fetched{}}
+	r.changed = sync.NewCond(&r.mu)
+	return r
+}
+
+// recordBytes is what a record is counted as.
+func recordBytes(msg *sarama.ConsumerMessage) int64 {
+	n := int64(len(msg.Key) + len(msg.Value) + recordOverhead)
+	for _, h := range msg.Headers {
+		n += int64(len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+// OnConsume counts msg, once the records before it leave room for it.
+func (r *readAhead) OnConsume(msg *sarama.ConsumerMessage) {
+	n := recordBytes(msg)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	session := r.session
+	for session != 0 && r.session == session && r.used > 0 && r.used+n > r.budget {
+		r.changed.Wait()
+	}
+	if session == 0 || r.session != session {
+		return
+	}
+	k := claimKey{msg.Topic, msg.Partition}
+	r.pending[k] = append(r.pending[k], fetched{msg.Offset, n})
+	r.add(n)
+}
+
+// add counts n more bytes (less, when negative); r.mu is held.
+func (r *readAhead) add(n int64) {
+	r.used += n
+	if r.gauge != nil {
+		r.gauge.Add(float64(n))
+	}
+}
+
+// handled releases the records of topic's partition up to offset.
+func (r *readAhead) handled(topic string, partition int32, offset int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := claimKey{topic, partition}
+	q := r.pending[k]
+	i, n := 0, int64(0)
+	for ; i < len(q) && q[i].offset <= offset; i++ {
+		n += q[i].bytes
+	}
+	r.add(-n)
+	if i == 0 {
+		return
+	}
+	if i == len(q) {
+		delete(r.pending, k)
+	} else {
+		r.pending[k] = q[i:]
+	}
+	r.changed.Broadcast()
+}
+
+// start begins counting for a new session and returns its number.
+func (r *readAhead) start() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last++
+	r.session = r.last
+	r.reset()
+	return r.session
+}
+
+// end stops counting for session and frees whatever waits in it; a later
+// session's end is not this one's.
+func (r *readAhead) end(session uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.session == session {
+		r.session = 0
+		r.reset()
+	}
+}
+
+func (r *readAhead) reset() {
+	r.add(-r.used)
+	clear(r.pending)
+	r.changed.Broadcast()
+}
+
+// inUse is what is counted now, for tests and the gauge.
+func (r *readAhead) inUse() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.used
+}
+
+// Middleware releases each message's record once the handler returns,
+// whatever it returned: a record the handler holds (a retry) or nacks is no
+// longer queued. It goes outermost, before anything can hold a message.
+func (r *readAhead) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		defer func() {
+			p, okP := kafka.MessagePartitionFromCtx(msg.Context())
+			o, okO := kafka.MessagePartitionOffsetFromCtx(msg.Context())
+			if topic := message.SubscribeTopicFromCtx(msg.Context()); okP && okO && topic != "" {
+				r.handled(topic, p, o)
+			}
+		}()
+		return h(msg)
+	}
+}
+
+// Tracer wraps next (may be nil) so that each consumer-group session starts
+// and ends the count.
+func (r *readAhead) Tracer(next kafka.SaramaTracer) kafka.SaramaTracer {
+	return readAheadTracer{r: r, next: next}
+}
+
+type readAheadTracer struct {
+	r    *readAhead
+	next kafka.SaramaTracer
+}
+
+func (t readAheadTracer) WrapConsumer(c sarama.Consumer) sarama.Consumer {
+	if t.next != nil {
+		return t.next.WrapConsumer(c)
+	}
+	return c
+}
+
+func (t readAheadTracer) WrapPartitionConsumer(pc sarama.PartitionConsumer) sarama.PartitionConsumer {
+	if t.next != nil {
+		return t.next.WrapPartitionConsumer(pc)
+	}
+	return pc
+}
+
+func (t readAheadTracer) WrapSyncProducer(c *sarama.Config, p sarama.SyncProducer) sarama.SyncProducer {
+	if t.next != nil {
+		return t.next.WrapSyncProducer(c, p)
+	}
+	return p
+}
+
+func (t readAheadTracer) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
+	if t.next != nil {
+		h = t.next.WrapConsumerGroupHandler(h)
+	}
+	return readAheadHandler{ConsumerGroupHandler: h, r: t.r}
+}
+
+type readAheadHandler struct {
+	sarama.ConsumerGroupHandler
+	r *readAhead
+}
+
+func (h readAheadHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	session := h.r.start()
+	go func() {
+		<-sess.Context().Done()
+		h.r.end(session)
+	}()
+	return h.ConsumerGroupHandler.Setup(sess)
+}
