@@ -135,10 +135,14 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	p := &Promotion{Router: r}
 
 	expireTicks := newTickSource(expireTickTopic, exp.Interval(), wlog)
-	expireTicks.early = expire.NewWakeup(exp)
+	wakeup := expire.NewWakeup(exp)
+	expireTicks.early = wakeup
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())
 		m.ObserveCycle(res, err)
+		if err == nil {
+			wakeup.After(res)
+		}
 		// The durable trace `promoflow status` reads; a cycle ended by a
 		// shutdown is recorded all the same.
 		recordCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), recordCycleTimeout)

@@ -138,6 +138,24 @@ func TestPromotion_AccuracySLOHolds(t *testing.T) {
 	}
 }
 
+// TestPromotion_ABacklogPastOneCycleIsTakenByCyclesBackToBack: a cycle cut
+// by MaxDuration is followed at once by the next, not an Interval later. The
+// interval here is an hour and the wake-up is off, and every batch outlasts
+// MaxDuration (a statement trigger sleeps), so each cycle takes a batch or
+// two: only cycles back to back expire the four purchases in time.
+func TestPromotion_ABacklogPastOneCycleIsTakenByCyclesBackToBack(t *testing.T) {
+	b := setupPromotion(t, 1)
+	purchasetest.SeedActive(t, b.db, 4, time.Now().Add(-time.Minute))
+	pgtest.SlowUpdates(t, b.db, "promotion.promotion_purchases", 50*time.Millisecond)
+	b.startWith(t, time.Hour, expire.Config{BatchSize: 1, MaxDuration: 10 * time.Millisecond, DisableWakeup: true},
+		slog.New(slog.DiscardHandler))
+
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(b.metrics.Items.WithLabelValues("expired")) == 4
+	}, 30*time.Second, 20*time.Millisecond, "the backlog waits for the next interval")
+	require.GreaterOrEqual(t, testutil.ToFloat64(b.metrics.RunTotal), 2.0, "more than one cycle took the backlog")
+}
+
 func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *testing.T) {
 	b := setupPromotion(t, 6)
 	due := purchasetest.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))

@@ -1,10 +1,12 @@
 package expire
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -27,7 +29,7 @@ type batchResult struct {
 // batch is one transaction. It runs on a context that shutdown does not cancel,
 // bounded by BatchTimeout, so that it commits or rolls back whole. Its span,
 // a child of the cycle's, is the creation context of every event it writes.
-func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, poison map[uuid.UUID]bool) (b batchResult, err error) {
+func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, scan *dueScan) (b batchResult, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), e.cfg.BatchTimeout)
 	defer cancel()
 	ctx, span := tracer.Start(ctx, "promotion.expire.batch", trace.WithAttributes(attribute.String("correlation_id", res.RunID)))
@@ -43,13 +45,15 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after commit
 
-	rows, err := purchase.SelectDueTx(ctx, tx.Tx, res.AsOf, e.cfg.BatchSize, keys(poison))
+	from, exclude := scan.next()
+	rows, err := purchase.SelectDueTx(ctx, tx.Tx, res.AsOf, from, e.cfg.BatchSize, exclude)
 	if err != nil {
 		return batchResult{}, err
 	}
 	log.Info("batch selected", "count", len(rows))
 
 	due := make([]purchase.Purchase, 0, len(rows))
+	b = batchResult{selected: len(rows)}
 	for _, r := range rows {
 		p, err := r.Decode()
 		if err == nil {
@@ -61,15 +65,20 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		if err != nil {
 			// Poison: left Active for the next cycle, never retried in this one,
 			// so it cannot starve healthy rows behind it.
-			poison[r.ID] = true
-			log.Error("item failed", "PurchaseId", r.ID, "exception", err.Error())
+			if scan.addPoison(r.ID) {
+				b.poison++
+				log.Error("item failed", "PurchaseId", r.ID, "exception", err.Error())
+			}
 			continue
 		}
 		due = append(due, p)
 	}
-	b = batchResult{selected: len(rows), poison: len(rows) - len(due)}
 	if len(due) == 0 {
-		return b, tx.Commit()
+		if err := tx.Commit(); err != nil {
+			return batchResult{}, fmt.Errorf("commit batch: %w", err)
+		}
+		scan.advance(rows)
+		return b, nil
 	}
 
 	expired, failed, err := expireIsolated(ctx, tx.Tx, due)
@@ -77,10 +86,11 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 		return batchResult{}, err
 	}
 	for _, f := range failed {
-		poison[f.id] = true
-		log.Error("item failed", "PurchaseId", f.id, "exception", f.err.Error())
+		if scan.addPoison(f.id) {
+			b.poison++
+			log.Error("item failed", "PurchaseId", f.id, "exception", f.err.Error())
+		}
 	}
-	b.poison += len(failed)
 	msgs := make([]*message.Message, 0, len(expired))
 	for _, p := range expired {
 		msg, err := event.NewMessage(p.Event(), res.RunID, res.AsOf)
@@ -98,6 +108,7 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	if err := tx.Commit(); err != nil {
 		return batchResult{}, fmt.Errorf("commit batch: %w", err)
 	}
+	scan.advance(rows)
 	for _, p := range expired {
 		log.Info("promotion expired", "PurchaseId", p.ID, "TenantId", p.TenantID,
 			"PackageKind", p.PackageKind, "targets", len(p.Targets))
@@ -105,6 +116,60 @@ func (e *Expirer) batch(parent context.Context, log *slog.Logger, res Result, po
 	}
 	b.expired = len(expired)
 	return b, nil
+}
+
+// dueScan is where a cycle's next batch starts: past the poison rows it met,
+// and past the last row a committed batch selected. Rows before that which
+// were locked elsewhere when the scan passed them (by another instance, or
+// by an in-flight cancel that then rolled back) are the next cycle's, as rows
+// skipped by SKIP LOCKED always were. The cycle's batches share it.
+type dueScan struct {
+	mu     sync.Mutex
+	poison map[uuid.UUID]bool
+	from   purchase.DueCursor
+}
+
+func newDueScan() *dueScan { return &dueScan{poison: map[uuid.UUID]bool{}} }
+
+// next is where the next batch starts and the rows it leaves out.
+func (s *dueScan) next() (purchase.DueCursor, []uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.from, keys(s.poison)
+}
+
+// addPoison reports whether id is new to the cycle's poison rows: a batch
+// beside the one that met it may have read the scan's start before it was
+// added and select it again once that batch's locks are gone.
+func (s *dueScan) addPoison(id uuid.UUID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.poison[id] {
+		return false
+	}
+	s.poison[id] = true
+	return true
+}
+
+// poisonIDs are the poison rows met so far.
+func (s *dueScan) poisonIDs() []uuid.UUID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return keys(s.poison)
+}
+
+// advance moves the scan past rows, which a committed batch selected in
+// (EndsAt, Id) order, unless a batch that ran beside it went further.
+func (s *dueScan) advance(rows []purchase.Row) {
+	if len(rows) == 0 {
+		return
+	}
+	last := rows[len(rows)-1]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := last.EndsAt.Compare(s.from.EndsAt); c > 0 || c == 0 && bytes.Compare(last.ID[:], s.from.ID[:]) > 0 {
+		s.from = purchase.DueCursor{EndsAt: last.EndsAt, ID: last.ID}
+	}
 }
 
 // rowFailure is a purchase whose own transition SQL failed.

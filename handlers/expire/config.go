@@ -15,6 +15,7 @@ const (
 	MaxDurationDefault  = 30 * time.Second
 	BatchTimeoutDefault = 15 * time.Second
 	WakeupPollDefault   = time.Second
+	ConcurrencyDefault  = 2
 )
 
 // Config tunes the expirer.
@@ -29,6 +30,9 @@ type Config struct {
 	// BatchTimeout bounds one batch transaction. A batch under way when the
 	// process stops runs on to commit within it, or rolls back whole. Defaults to 15s.
 	BatchTimeout time.Duration
+	// Concurrency is how many batch transactions of a cycle run at once, on
+	// disjoint rows (SKIP LOCKED). Defaults to 2.
+	Concurrency int
 	// Topic is the event's destination topic. Defaults to event.Topic.
 	Topic string
 	// WakeupPoll is how often the Wakeup re-reads the earliest upcoming EndsAt,
@@ -50,6 +54,9 @@ func (c Config) Validate() error {
 	if c.BatchSize < 1 || c.BatchSize > 10_000 {
 		errs = append(errs, errors.New("expire batch size must be within 1..10000"))
 	}
+	if c.Concurrency < 1 || c.Concurrency > 16 {
+		errs = append(errs, errors.New("expire concurrency must be within 1..16"))
+	}
 	if c.MaxDuration <= 0 {
 		errs = append(errs, errors.New("expire max duration must be positive"))
 	}
@@ -66,6 +73,7 @@ func (c *Config) setDefaults() {
 	c.Interval = cmp.Or(c.Interval, IntervalDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.MaxDuration = cmp.Or(c.MaxDuration, MaxDurationDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
 	c.BatchTimeout = cmp.Or(c.BatchTimeout, BatchTimeoutDefault)
 	c.Topic = cmp.Or(c.Topic, event.Topic)
 	c.WakeupPoll = cmp.Or(c.WakeupPoll, WakeupPollDefault)

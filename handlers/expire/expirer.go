@@ -32,6 +32,9 @@ type Result struct {
 	Duration time.Duration
 	// Interrupted is set when the process stopped the cycle between batches.
 	Interrupted bool
+	// Cut is set when MaxDuration ended the cycle while its batches still
+	// came full: the next cycle takes the due purchases left.
+	Cut bool
 }
 
 // Expirer runs expiry cycles. Instances in several processes cooperate through

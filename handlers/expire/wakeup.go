@@ -99,6 +99,18 @@ func (w *Wakeup) Run(ctx context.Context) {
 	}
 }
 
+// After brings the next cycle forward to now when res was cut by MaxDuration
+// after expiring purchases: a burst's backlog is then taken by cycles back to
+// back, each bounded by MaxDuration, with its own AsOf, run id and metrics,
+// instead of one cycle per Interval (with the defaults, 30 s of work a
+// minute). A cut cycle that expired nothing (due rows that are all poison or
+// locked elsewhere) leaves the next cycle to the ticker.
+func (w *Wakeup) After(res Result) {
+	if res.Cut && res.ExpiredCount > 0 {
+		w.signal()
+	}
+}
+
 func (w *Wakeup) signal() {
 	select {
 	case w.c <- struct{}{}:

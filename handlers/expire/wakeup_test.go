@@ -2,6 +2,7 @@ package expire_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -64,4 +65,20 @@ func TestWakeup_DisabledLeavesCyclesToTheTicker(t *testing.T) {
 		}
 	}, 10*time.Second, time.Millisecond, "Run returns at once")
 	require.Empty(t, w.C())
+}
+
+// TestWakeup_ACutCycleThatExpiredBringsTheNextForward: a cycle cut by
+// MaxDuration after expiring purchases signals the next at once; one that
+// drained, or that expired nothing (its due rows all poison or locked
+// elsewhere), leaves the next to the ticker.
+func TestWakeup_ACutCycleThatExpiredBringsTheNextForward(t *testing.T) {
+	exp, err := expire.New(nil, expire.Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	w := expire.NewWakeup(exp)
+	for _, res := range []expire.Result{{ExpiredCount: 200}, {Cut: true}, {Cut: true, PoisonCount: 200}} {
+		w.After(res)
+		require.Empty(t, w.C(), "no signal after %+v", res)
+	}
+	w.After(expire.Result{Cut: true, ExpiredCount: 1})
+	require.Len(t, w.C(), 1, "the next cycle is due at once")
 }

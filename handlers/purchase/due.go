@@ -20,7 +20,7 @@ type Due struct {
 	OldestAge    time.Duration `db:"-" json:"-"`
 }
 
-// ReadDue counts the due purchases through promotion_purchases_due_idx.
+// ReadDue counts the due purchases through promotion_purchases_due_id_idx.
 func ReadDue(ctx context.Context, q sqlx.QueryerContext) (Due, error) {
 	var row struct {
 		Due

@@ -127,18 +127,38 @@ func SaveTransitionsTx(ctx context.Context, tx *sqlx.Tx, ps []Purchase) ([]Purch
 	return out, nil
 }
 
+// DueCursor is where a cycle's scan of the due purchases stands: past the
+// last row a batch selected, in (EndsAt, Id) order. The zero value is the
+// start.
+type DueCursor struct {
+	EndsAt time.Time
+	ID     uuid.UUID
+}
+
 // SelectDueTx locks up to limit Active purchases whose EndsAt is at or before
-// asOf, oldest EndsAt first, leaving out those in exclude. SKIP LOCKED: a row
-// held by another expirer, or by a manager's in-flight cancel, is left for
-// later (seed: race with POST /promotions/{id}/cancel).
-func SelectDueTx(ctx context.Context, tx *sqlx.Tx, asOf time.Time, limit int, exclude []uuid.UUID) ([]Row, error) {
+// asOf, after from in (EndsAt, Id) order, oldest EndsAt first, leaving out
+// those in exclude. SKIP LOCKED: a row held by another expirer, or by a
+// manager's in-flight cancel, is left for later (seed: race with POST
+// /promotions/{id}/cancel).
+//
+// The index of Active purchases (promotion_purchases_due_id_idx) keeps an
+// entry for each purchase expired since its last vacuum, so a scan from the
+// start reads every purchase the cycle already expired; from skips them (a
+// batch read 11,220 buffers in 20.6 ms after 800k expiries of a 1M burst
+// that ends at one instant, against 201 in 0.17 ms at its start).
+func SelectDueTx(ctx context.Context, tx *sqlx.Tx, asOf time.Time, from DueCursor, limit int, exclude []uuid.UUID) ([]Row, error) {
+	var fromEndsAt sql.NullTime // NULL: from the start
+	if from != (DueCursor{}) {
+		fromEndsAt = sql.NullTime{Time: from.EndsAt, Valid: true}
+	}
 	var rows []Row
 	err := tx.SelectContext(ctx, &rows, `SELECT `+Columns+`
 		FROM promotion.promotion_purchases
 		WHERE status = 'Active' AND ends_at <= $1 AND id <> ALL($2::uuid[])
-		ORDER BY ends_at
+			AND ($4::timestamptz IS NULL OR (ends_at, id) > ($4, $5::uuid))
+		ORDER BY ends_at, id
 		LIMIT $3
-		FOR UPDATE SKIP LOCKED`, asOf, pq.Array(uuidStrings(exclude)), limit)
+		FOR UPDATE SKIP LOCKED`, asOf, pq.Array(uuidStrings(exclude)), limit, fromEndsAt, from.ID.String())
 	if err != nil {
 		return nil, fmt.Errorf("select due purchases: %w", err)
 	}
@@ -173,7 +193,7 @@ type NextDue struct {
 
 // NextDueAfter is the earliest EndsAt after `after` of an Active purchase,
 // with the database's clock. It is an index-only read of
-// promotion_purchases_due_idx, and the lower bound keeps it short: the scan
+// promotion_purchases_due_id_idx, and the lower bound keeps it short: the scan
 // starts past the due rows a cycle left Active (poison, locked elsewhere) and
 // past the index entries of rows expired since the last vacuum, which a bare
 // min(ends_at) walks through (0.03 ms against 245 ms after 100k expiries at

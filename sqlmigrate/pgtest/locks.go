@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -29,4 +30,17 @@ func WaitBlockedBy(t testing.TB, db *sqlx.DB, blocker int) int {
 		return err == nil
 	}, 30*time.Second, 5*time.Millisecond, "no backend waits for a lock of backend %d", blocker)
 	return pid
+}
+
+// SlowUpdates makes each UPDATE statement on table (schema-qualified) take
+// at least d longer, by a statement trigger that sleeps: a test lets a
+// statement outlast a deadline by construction, not by a guess at its speed.
+func SlowUpdates(t testing.TB, db *sqlx.DB, table string, d time.Duration) {
+	t.Helper()
+	_, err := db.Exec(fmt.Sprintf(`CREATE FUNCTION public.pgtest_slow_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(%f); RETURN NULL; END $$`, d.Seconds()))
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TRIGGER pgtest_slow_update AFTER UPDATE ON ` + table + `
+		FOR EACH STATEMENT EXECUTE FUNCTION public.pgtest_slow_update()`)
+	require.NoError(t, err)
 }
