@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -180,6 +181,11 @@ func benchMessages(b *testing.B, n int) []*message.Message {
 // purchases seeded afresh, it times the raw floor of the expirer's database
 // work (rawExpire) and reports the burst's rate as a ratio of it.
 // 100,000 purchases, 10,000 under -short, or PROMOFLOW_BURST_EVENTS.
+//
+// Two shapes of burst: purchases that end at one instant (a campaign that
+// ends at midnight: they share one key of the index of Active purchases), and
+// purchases whose EndsAt spread over the hour before (a thousand of them an
+// instant), as a backlog after an outage leaves them.
 func BenchmarkBurst(b *testing.B) {
 	withoutSpanRecording(b)
 	n := benchSize(100_000, 10_000)
@@ -188,11 +194,31 @@ func BenchmarkBurst(b *testing.B) {
 		n, err = strconv.Atoi(v)
 		require.NoError(b, err, "PROMOFLOW_BURST_EVENTS")
 	}
+	b.Run("ends=one-instant", func(b *testing.B) { benchBurst(b, n, seedAtOneInstant) })
+	b.Run("ends=spread", func(b *testing.B) { benchBurst(b, n, seedSpread) })
+}
+
+// seedAtOneInstant seeds n purchases due a minute ago.
+func seedAtOneInstant(b *testing.B, db *sqlx.DB, n int) {
+	purchasetest.SeedActive(b, db, n, time.Now().Add(-time.Minute))
+}
+
+// seedSpread seeds n purchases due over the hour before, a thousand an instant.
+func seedSpread(b *testing.B, db *sqlx.DB, n int) {
+	const each = 1000
+	instants := (n + each - 1) / each
+	now := time.Now()
+	for i := range instants {
+		purchasetest.SeedActive(b, db, min(each, n-i*each), now.Add(-time.Minute-time.Duration(i)*time.Hour/time.Duration(instants)))
+	}
+}
+
+func benchBurst(b *testing.B, n int, seed func(*testing.B, *sqlx.DB, int)) {
 	var totalSecs, expiredSecs, rawSecs, peakMB float64
 	var shape batchShape
 	for range b.N {
 		bundle := promotionBundle{db: pgtest.DB(b), topic: kafkatest.Topic(b, 6)}
-		purchasetest.SeedActive(b, bundle.db, n, time.Now().Add(-time.Minute))
+		seed(b, bundle.db, n)
 		bundle.db.MustExec(`VACUUM ANALYZE promotion.promotion_purchases`)
 		resetPeakRSS(b)
 
@@ -221,7 +247,7 @@ func BenchmarkBurst(b *testing.B) {
 		peakMB = max(peakMB, peakRSSMB(b))
 		require.EqualValues(b, n, catalogtest.TopicSize(b, bundle.topic))
 		shape = topicBatchShape(b, bundle.topic, n)
-		rawSecs += rawExpire(b, n)
+		rawSecs += rawExpire(b, n, seed)
 	}
 	shape.report(b)
 	b.Logf("the relay's record batches: %s", shape)
@@ -265,9 +291,9 @@ FROM expired`
 // instant in a few pages: 4.3 ms a statement over a 1M burst, against 8.0 ms
 // on the expirer's (ends_at, id), which the expirer's cursor needs. The floor
 // gets its best index.
-func rawExpire(b *testing.B, n int) float64 {
+func rawExpire(b *testing.B, n int, seed func(*testing.B, *sqlx.DB, int)) float64 {
 	db := pgtest.DB(b)
-	purchasetest.SeedActive(b, db, n, time.Now().Add(-time.Minute))
+	seed(b, db, n)
 	db.MustExec(`CREATE INDEX raw_due_idx ON promotion.promotion_purchases (ends_at) WHERE status = 'Active'`)
 	db.MustExec(`VACUUM ANALYZE promotion.promotion_purchases`)
 	start := time.Now()
