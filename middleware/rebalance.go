@@ -36,7 +36,11 @@ func NewClaims() *Claims { return &Claims{sessions: map[claimKey]context.Context
 // (kafka.SubscriberConfig.Tracer): it records each claim's session, and
 // tells onSession (when not nil) of each session the member starts: one at
 // its first join and one per rebalance, the strategy being eager.
-func (c *Claims) Tracer(onSession func()) kafka.SaramaTracer { return claimsTracer{c, onSession} }
+func (c *Claims) Tracer(onSession func()) kafka.SaramaTracer {
+	return HandlerTracer(func(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
+		return claimsHandler{ConsumerGroupHandler: h, claims: c, onSession: onSession}
+	})
+}
 
 // Session is the context of the session that delivered msg, ended when the
 // session ends, or nil for a message that no tracked claim delivered (a
@@ -61,24 +65,26 @@ func (c *Claims) claimed(topic string, partition int32, sess context.Context) {
 	c.sessions[claimKey{topic, partition}] = sess
 }
 
-// claimsTracer wraps the consumer-group handler and nothing else.
-type claimsTracer struct {
-	claims    *Claims
-	onSession func()
-}
+// HandlerTracer is a kafka.SaramaTracer that wraps the consumer-group
+// handler and nothing else (a nil one wraps nothing): the hook by which the
+// catalog watches its consumer-group sessions.
+type HandlerTracer func(sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler
 
-func (t claimsTracer) WrapConsumer(c sarama.Consumer) sarama.Consumer { return c }
+func (HandlerTracer) WrapConsumer(c sarama.Consumer) sarama.Consumer { return c }
 
-func (t claimsTracer) WrapPartitionConsumer(pc sarama.PartitionConsumer) sarama.PartitionConsumer {
+func (HandlerTracer) WrapPartitionConsumer(pc sarama.PartitionConsumer) sarama.PartitionConsumer {
 	return pc
 }
 
-func (t claimsTracer) WrapSyncProducer(_ *sarama.Config, p sarama.SyncProducer) sarama.SyncProducer {
+func (HandlerTracer) WrapSyncProducer(_ *sarama.Config, p sarama.SyncProducer) sarama.SyncProducer {
 	return p
 }
 
-func (t claimsTracer) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
-	return claimsHandler{ConsumerGroupHandler: h, claims: t.claims, onSession: t.onSession}
+func (f HandlerTracer) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
+	if f == nil {
+		return h
+	}
+	return f(h)
 }
 
 type claimsHandler struct {

@@ -7,6 +7,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/promoflow/promoflow/middleware"
 )
 
 // recordOverhead is what the consumer holds for a fetched record beside its
@@ -172,42 +174,21 @@ func (r *readAhead) Middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // Tracer wraps next (may be nil) so that each consumer-group session starts
-// and ends the count.
+// and ends the count; next's other wraps stay.
 func (r *readAhead) Tracer(next kafka.SaramaTracer) kafka.SaramaTracer {
-	return readAheadTracer{r: r, next: next}
+	if next == nil {
+		next = middleware.HandlerTracer(nil)
+	}
+	return readAheadTracer{SaramaTracer: next, r: r}
 }
 
 type readAheadTracer struct {
-	r    *readAhead
-	next kafka.SaramaTracer
-}
-
-func (t readAheadTracer) WrapConsumer(c sarama.Consumer) sarama.Consumer {
-	if t.next != nil {
-		return t.next.WrapConsumer(c)
-	}
-	return c
-}
-
-func (t readAheadTracer) WrapPartitionConsumer(pc sarama.PartitionConsumer) sarama.PartitionConsumer {
-	if t.next != nil {
-		return t.next.WrapPartitionConsumer(pc)
-	}
-	return pc
-}
-
-func (t readAheadTracer) WrapSyncProducer(c *sarama.Config, p sarama.SyncProducer) sarama.SyncProducer {
-	if t.next != nil {
-		return t.next.WrapSyncProducer(c, p)
-	}
-	return p
+	kafka.SaramaTracer
+	r *readAhead
 }
 
 func (t readAheadTracer) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
-	if t.next != nil {
-		h = t.next.WrapConsumerGroupHandler(h)
-	}
-	return readAheadHandler{ConsumerGroupHandler: h, r: t.r}
+	return readAheadHandler{ConsumerGroupHandler: t.SaramaTracer.WrapConsumerGroupHandler(h), r: t.r}
 }
 
 type readAheadHandler struct {

@@ -15,8 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
