@@ -156,6 +156,60 @@ func TestPromotion_ABacklogPastOneCycleIsTakenByCyclesBackToBack(t *testing.T) {
 	require.GreaterOrEqual(t, testutil.ToFloat64(b.metrics.RunTotal), 2.0, "more than one cycle took the backlog")
 }
 
+// TestPromotion_ACrashMidBurstLosesNoExpiryAndDoublesNone: PostgreSQL
+// crashes (an immediate shutdown, then crash recovery) while a cycle's
+// batches run side by side on a burst and the relay sends their events.
+// Every purchase ends Expired by one transition, and the topic carries its
+// Expired event: at least once, and every copy the same event.
+func TestPromotion_ACrashMidBurstLosesNoExpiryAndDoublesNone(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.StartServer(t, pgtest.ServerOptions{Settings: map[string]string{"synchronous_commit": "on"}})
+	b := promotionBundle{db: pgtest.Open(t, pgtest.DatabaseURLOn(t, srv.URL("sslmode=disable"))), topic: kafkatest.Topic(t, 3)}
+	const n = 20_000
+	due := purchasetest.SeedActive(t, b.db, n, time.Now().Add(-time.Minute))
+	// 100 batches of 50 ms or more each: the crash finds the burst under way.
+	pgtest.SlowUpdates(t, b.db, "promotion.promotion_purchases", 50*time.Millisecond)
+	b.start(t, 200*time.Millisecond)
+
+	var before int
+	require.Eventually(t, func() bool {
+		return b.db.Get(&before, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Expired'`) == nil && before >= 1000
+	}, time.Minute, 5*time.Millisecond)
+	require.Less(t, before, n, "the crash came after the burst")
+	srv.Crash(t)
+
+	require.Eventually(t, func() bool {
+		var active int
+		return b.db.Get(&active, `SELECT count(*) FROM promotion.promotion_purchases WHERE status = 'Active'`) == nil && active == 0
+	}, 2*time.Minute, 50*time.Millisecond, "purchases left Active after the crash")
+	for id, st := range purchasetest.Statuses(t, b.db) {
+		require.Equal(t, purchasetest.State{Status: event.StatusExpired, Version: 2}, st, "one transition for %s", id)
+	}
+	seen := make(map[string]event.PurchaseChanged, n)
+	read := 0
+	kafkatest.ReadTopicWithin(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool {
+		for _, m := range ms[read:] {
+			read++
+			ev, err := event.Parse(m.Value)
+			require.NoError(t, err)
+			if first, ok := seen[string(m.Key)]; ok {
+				require.Equal(t, first, ev, "two different events for %s", m.Key)
+			}
+			seen[string(m.Key)] = ev
+		}
+		return len(seen) == n
+	})
+	var missing []string
+	for _, id := range due {
+		if ev, ok := seen[id.String()]; !ok || ev.Status != event.StatusExpired {
+			missing = append(missing, id.String())
+		}
+	}
+	require.Empty(t, missing, "%d of %d purchases expired without their Expired event on the topic (%d records read)", len(missing), n, read)
+	t.Logf("%d of %d purchases Expired just before the crash; %d records for %d events; %v expirer failures",
+		before, n, read, n, testutil.ToFloat64(b.metrics.Errors.WithLabelValues("infrastructure")))
+}
+
 func TestPromotion_TwoInstancesOn5000DuePurchasesEmitExactlyOneEventEach(t *testing.T) {
 	b := setupPromotion(t, 6)
 	due := purchasetest.SeedActive(t, b.db, 5000, time.Now().Add(-time.Minute))
