@@ -46,7 +46,7 @@ func (c *commonConfig) openCommand(ctx context.Context, s *settings, args []stri
 		return nil, nil, err
 	}
 	log := c.logger(name)
-	db, err := openDB(ctx, *c, log)
+	db, err := openDB(ctx, name, *c, log)
 	return db, log, err
 }
 
@@ -80,7 +80,7 @@ func openProcess(ctx context.Context, name string, c commonConfig, log *slog.Log
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err = openDB(ctx, c, log)
+	db, err = openDB(ctx, name, c, log)
 	if err != nil {
 		_ = stopTracing(context.WithoutCancel(ctx))
 		return nil, nil, err

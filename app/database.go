@@ -35,13 +35,13 @@ const databaseWaitDefault = 30 * time.Second
 
 // openDB opens the database URL, waiting for PostgreSQL, and applies the
 // missing migrations when asked: on the direct URL when set.
-func openDB(ctx context.Context, c commonConfig, log *slog.Logger) (*sqlx.DB, error) {
-	db, err := openPool(ctx, c.DatabaseURL, c.DBMaxConns, log)
+func openDB(ctx context.Context, name string, c commonConfig, log *slog.Logger) (*sqlx.DB, error) {
+	db, err := openPool(ctx, name, c.DatabaseURL, c.DBMaxConns, log)
 	if err != nil {
 		return nil, err
 	}
 	if c.MigrateOnStart {
-		if err := migrateOnStart(ctx, c, db, log); err != nil {
+		if err := migrateOnStart(ctx, name, c, db, log); err != nil {
 			db.Close()
 			return nil, err
 		}
@@ -52,10 +52,10 @@ func openDB(ctx context.Context, c commonConfig, log *slog.Logger) (*sqlx.DB, er
 // migrateOnStart applies the missing migrations on the direct URL when set (a
 // pooler's timeouts and limits stay out of schema changes), else on db. The
 // runner holds no session state, so db may go through a pooler too.
-func migrateOnStart(ctx context.Context, c commonConfig, db *sqlx.DB, log *slog.Logger) error {
+func migrateOnStart(ctx context.Context, name string, c commonConfig, db *sqlx.DB, log *slog.Logger) error {
 	target := db
 	if c.DatabaseDirectURL != "" {
-		direct, err := openPool(ctx, c.DatabaseDirectURL, 2, log)
+		direct, err := openPool(ctx, name, c.DatabaseDirectURL, 2, log)
 		if err != nil {
 			return fmt.Errorf("direct database URL: %w", err)
 		}
@@ -70,11 +70,12 @@ func migrateOnStart(ctx context.Context, c commonConfig, db *sqlx.DB, log *slog.
 	return nil
 }
 
-// openPool opens dsn (sqlmigrate.Open) with at most maxConns connections and
-// waits up to databaseWaitDefault for it to answer. A failure that waiting
-// cannot fix ends the wait at once, naming its cause (connectError).
-func openPool(ctx context.Context, dsn string, maxConns int, log *slog.Logger) (*sqlx.DB, error) {
-	raw, err := sqlmigrate.Open(dsn)
+// openPool opens dsn with at most maxConns connections, its sessions named
+// for the command (applicationName), and waits up to databaseWaitDefault for
+// it to answer. A failure that waiting cannot fix ends the wait at once,
+// naming its cause (connectError).
+func openPool(ctx context.Context, name, dsn string, maxConns int, log *slog.Logger) (*sqlx.DB, error) {
+	raw, err := sqlmigrate.OpenAs(dsn, applicationName(name))
 	if err != nil {
 		return nil, err
 	}
@@ -145,3 +146,9 @@ func permanentCause(err error) string {
 	}
 	return ""
 }
+
+// applicationName is the application_name of a command's sessions, unless
+// the database URL gives its own: "promoflow-promotion", "promoflow-rebuild".
+// It tells an operator on a shared server, and `promoflow status`, whose
+// session holds the relay's position or the oldest transaction.
+func applicationName(command string) string { return "promoflow-" + command }

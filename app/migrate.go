@@ -32,7 +32,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		return errors.New("database URL is required (--database-url or $DATABASE_URL)")
 	}
 	log := logs.logger("migrate")
-	db, err := openPool(ctx, cmp.Or(directURL, dbURL), 2, log)
+	db, err := openPool(ctx, "migrate", cmp.Or(directURL, dbURL), 2, log)
 	if err != nil {
 		return err
 	}

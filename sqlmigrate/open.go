@@ -22,10 +22,19 @@ import (
 //
 // An unparsable dsn is reported without any part of it (dsnError): it may
 // hold a password, and the error reaches logs.
-func Open(dsn string) (*sql.DB, error) {
+func Open(dsn string) (*sql.DB, error) { return OpenAs(dsn, "") }
+
+// OpenAs is Open whose sessions show application in pg_stat_activity and
+// the server's log lines, unless dsn's
+// application_name (or fallback_application_name, or $PGAPPNAME) names
+// them otherwise. PostgreSQL keeps its first 63 bytes.
+func OpenAs(dsn, application string) (*sql.DB, error) {
 	cfg, err := pq.NewConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", dsnError(dsn))
+	}
+	if cfg.ApplicationName == "" {
+		cfg.ApplicationName = application
 	}
 	cfg.BinaryParameters = true
 	connector, err := pq.NewConnectorConfig(cfg)
