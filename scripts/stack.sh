@@ -16,6 +16,9 @@
 #                             those named)
 #   scripts/stack.sh kill kafka:N|controller:N...
 #                             kill -9 Kafka broker N or controller N (fault tests)
+#   scripts/stack.sh kill postgres
+#                             stop PostgreSQL as a crash would (pg_ctl -m immediate);
+#                             `up postgres` then runs crash recovery (fault tests)
 #   scripts/stack.sh restart postgres
 #                             pg_ctl restart -m fast: every connection is cut, the
 #                             server comes back on the same port (fault tests)
@@ -36,6 +39,9 @@
 #   PROMOFLOW_STACK_DIR              state (data, logs, pid files)  [~/.cache/promoflow/stack]
 #   PROMOFLOW_CACHE                  downloaded Kafka jars           [~/.cache/promoflow]
 #   PROMOFLOW_PG_PORT                PostgreSQL port                 [25432]
+#   PROMOFLOW_PG_SYNCHRONOUS_COMMIT  on: a commit is on disk (the OS's
+#                                    cache) before it is answered, so a
+#                                    server crash keeps it             [off]
 #   PROMOFLOW_KAFKA_NODES            Kafka brokers: 1 is one KRaft node,
 #                                    broker and controller; more are
 #                                    brokers beside a controller quorum
@@ -77,6 +83,9 @@ KAFKA_LIBS=$CACHE_DIR/kafka-$KAFKA_VERSION/libs
 # Default ports sit below Linux's ephemeral range (32768-60999), so that no
 # client connection of a test run can hold them when a server starts.
 PG_PORT=${PROMOFLOW_PG_PORT:-25432}
+PG_SYNCHRONOUS_COMMIT=${PROMOFLOW_PG_SYNCHRONOUS_COMMIT:-off}
+[[ $PG_SYNCHRONOUS_COMMIT == on || $PG_SYNCHRONOUS_COMMIT == off ]] ||
+	{ echo "stack: ERROR: PROMOFLOW_PG_SYNCHRONOUS_COMMIT is on or off, not $PG_SYNCHRONOUS_COMMIT" >&2; exit 2; }
 KAFKA_PORT=${PROMOFLOW_KAFKA_PORT:-29092}
 KAFKA_CONTROLLER_PORT=${PROMOFLOW_KAFKA_CONTROLLER_PORT:-29093}
 KAFKA_NODES=${PROMOFLOW_KAFKA_NODES:-1}
@@ -267,13 +276,15 @@ pg_up() {
 			mv "$data.tmp" "$data"
 		fi
 		log "starting PostgreSQL on $HOST:$PG_PORT"
-		# Settings for throwaway test data: no durability, many connections.
+		# Settings for throwaway test data: no durability (a commit survives a
+		# server crash only with PROMOFLOW_PG_SYNCHRONOUS_COMMIT=on; none
+		# survives a machine's), many connections.
 		# The lock table stays the size of PostgreSQL's default (64 locks ×
 		# 100 connections): 21 × 300 = 6300, so a test sees the lock limits
 		# production has (handlers/boost asserts it).
 		# The unix socket goes to the private folder, not /var/run/postgresql.
 		if ! as_pg "$bindir/pg_ctl" -D "$data" -w -t 60 -l "$dir/postgresql.log" \
-			-o "-p $PG_PORT -k '$dir' -c listen_addresses=$HOST -c max_connections=300 -c max_locks_per_transaction=21 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+			-o "-p $PG_PORT -k '$dir' -c listen_addresses=$HOST -c max_connections=300 -c max_locks_per_transaction=21 -c fsync=off -c synchronous_commit=$PG_SYNCHRONOUS_COMMIT -c full_page_writes=off" \
 			start >&2; then
 			tail -n 30 "$dir/postgresql.log" >&2 || true
 			die "PostgreSQL did not start (log: $dir/postgresql.log)"
@@ -778,14 +789,27 @@ cmd_down() {
 	if ((want_pg)); then pg_down; fi
 }
 
-# pg_ctl restart keeps the options the server was started with.
-pg_restart() {
-	local dir bindir
+# pg_ctl_running MESSAGE ARGS...: runs pg_ctl against the running server.
+pg_ctl_running() {
+	local dir bindir msg=$1
+	shift
 	dir=$(pg_dir)
 	pg_running || die "PostgreSQL is not running"
 	bindir=$(pg_bindir "$dir/data")
-	log "restarting PostgreSQL (fast)"
-	as_pg "$bindir/pg_ctl" -D "$dir/data" -m fast -w -t 60 -l "$dir/postgresql.log" restart >&2
+	log "$msg"
+	as_pg "$bindir/pg_ctl" -D "$dir/data" -w -t 60 "$@" >&2
+}
+
+# pg_ctl restart keeps the options the server was started with.
+pg_restart() {
+	pg_ctl_running "restarting PostgreSQL (fast)" -m fast -l "$(pg_dir)/postgresql.log" restart
+}
+
+# pg_kill: an immediate shutdown, as a crash would leave the server: every
+# backend ends at once, nothing is checkpointed, and the next start runs
+# crash recovery (which empties unlogged tables).
+pg_kill() {
+	pg_ctl_running "stopping PostgreSQL as a crash would (immediate)" -m immediate stop
 }
 
 cmd_status() {
@@ -841,8 +865,12 @@ restart)
 kill)
 	take_lock
 	services "${@:2}"
-	((!want_pg && ${#kafka_nodes[@]})) || die "kill takes kafka:N or controller:N..."
-	kafka_kill "${kafka_nodes[@]}"
+	if ((want_pg && ${#kafka_nodes[@]} == 0 && $# == 2)); then
+		pg_kill
+	else
+		((!want_pg && ${#kafka_nodes[@]})) || die "kill takes postgres, or kafka:N or controller:N..."
+		kafka_kill "${kafka_nodes[@]}"
+	fi
 	;;
 env) env_lines ;;
 fetch)
@@ -852,7 +880,7 @@ fetch)
 	;;
 status) cmd_status ;;
 *)
-	echo "usage: $0 {up [postgres|pgbouncer|kafka|kafka:N|controller:N]...|down [same]...|kill kafka:N|controller:N...|restart postgres|pgbouncer|env|fetch|status}" >&2
+	echo "usage: $0 {up [postgres|pgbouncer|kafka|kafka:N|controller:N]...|down [same]...|kill postgres|kafka:N|controller:N...|restart postgres|pgbouncer|env|fetch|status}" >&2
 	exit 2
 	;;
 esac

@@ -74,11 +74,27 @@ func restartKafka(t *testing.T, e *env) int {
 // error (at least one such answer), never another 5xx or a dropped
 // connection (traffic's checks). Every process is ready again by itself
 // within 2 minutes, and 50 more purchases are created.
-func restartPostgres(t *testing.T, e *env) int {
+func restartPostgres(t *testing.T, e *env) int { return postgresOutage(t, e, "down") }
+
+// crashPostgres is restartPostgres with a crash: an immediate shutdown (no
+// checkpoint, every backend ended at once, whatever transactions were under
+// way lost), then crash recovery at the start. Every effect committed before
+// the crash is kept and none is doubled (the suite's checks after it).
+func crashPostgres(t *testing.T, e *env) int {
+	var durable string
+	if err := e.db.Get(&durable, `SHOW synchronous_commit`); err != nil || durable == "off" {
+		t.Fatalf("the fault stack's PostgreSQL runs with synchronous_commit %q (%v): a crash loses the commits of its last moments by design; run it with PROMOFLOW_PG_SYNCHRONOUS_COMMIT=on (scripts/faults.sh does)", durable, err)
+	}
+	return postgresOutage(t, e, "kill")
+}
+
+// postgresOutage stops PostgreSQL under traffic with stack.sh's verb and
+// starts it again, as restartPostgres says.
+func postgresOutage(t *testing.T, e *env, verb string) int {
 	tr := e.drive(100, 0.2)
 	tr.waitCreated(100, 30*time.Second, "before the fault")
 	unavailable := tr.unavailable.Load()
-	e.s.stack(t, "down", "postgres")
+	e.s.stack(t, verb, "postgres")
 	e.fault()
 	e.waitUnready(e.all(), time.Minute)
 	if _, ok := eventually(e.ctx, 30*time.Second, func() bool { return tr.unavailable.Load() > unavailable }); !ok {

@@ -51,6 +51,7 @@ var scenarios = []scenario{
 		kafkaVia: []string{"*"}},
 	{num: 19, name: "(i) a foreign writer holds an xid for 2 minutes", run: foreignWriter, promotions: 2, catalogs: 1},
 	{num: 20, name: "(j) the relay holder's PostgreSQL session is killed mid-page", run: killRelaySession, promotions: 2, catalogs: 1},
+	{num: 21, name: "(k) PostgreSQL crash under load (immediate shutdown, crash recovery)", run: crashPostgres, promotions: 2, catalogs: 2},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
