@@ -64,7 +64,9 @@ log "form $FORM; stack $DATABASE_URL $KAFKA_BROKERS; logs in $FAULTS_LOG_DIR"
 out=$FAULTS_LOG_DIR/go-test.log
 rc=0
 go test -tags faults -count=1 -timeout 150m -v -run '^TestFaults$' ./scripts/faults/ -args -faults.form="$FORM" "$@" >"$out" 2>&1 || rc=$?
-grep -E '^\s+(faults_test|[a-z_]+_test)\.go:[0-9]+:' "$out" | head -n 40 >&2 || true
+grep -E '^\s+(faults_test|[a-z_]+_test)\.go:[0-9]+:' "$out" | grep -v 'scenarios_test\.go' | head -n 40 >&2 || true
+# Every violation the scenarios recorded (t.Error in scenarios_test.go), however many lines came before.
+grep -E '^\s+scenarios_test\.go:[0-9]+:' "$out" | head -n 100 >&2 || true
 # The summary the suite printed last: one line per scenario, then the count.
 sed -n '/^$/,$p' "$out" | grep -E '^(scenario|faults:)' | tail -n 40
 if ((rc != 0)) && ! grep -q '^faults:' "$out"; then

@@ -152,5 +152,13 @@ func (r result) line() string {
 	if r.detail != "" {
 		line += "; " + r.detail
 	}
+	if len(r.violations) > 0 {
+		// The first one, so that a summary alone says what broke.
+		first := r.violations[0]
+		if len(first) > 300 {
+			first = first[:300] + "…"
+		}
+		line += "; first violation: " + first
+	}
 	return line
 }
