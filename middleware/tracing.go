@@ -32,15 +32,17 @@ func Receive(name, group string) message.HandlerMiddleware {
 }
 
 // Span opens a span named name around the rest of the chain, as a child of
-// the span the message's context holds, with the message's id, correlation
-// id and purchase id (ChildAttrs), and records the chain's error. Inside
-// Receive it gives the process → store spans whose correlation id a trace
-// search joins; where Kafka had the message is on the receive span, their
-// parent, and not repeated: every attribute is paid for per event, when the
-// span starts and again when it is exported.
+// the span the message's context holds, and records the chain's error.
+// Inside Receive it gives the process → store spans. They carry no
+// attributes of their own: the message's id, correlation id, purchase and
+// where Kafka had it are on the receive span, their parent, which a trace
+// search by correlation_id finds with its whole trace. Every attribute is
+// paid for per event, when the span starts and again when it is exported.
 func Span(name string, kind trace.SpanKind) message.HandlerMiddleware {
-	return spanMiddleware(name, kind, (*message.Message).Context, ChildAttrs)
+	return spanMiddleware(name, kind, (*message.Message).Context, noAttrs)
 }
+
+func noAttrs(*message.Message) []attribute.KeyValue { return nil }
 
 func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Message) context.Context,
 	attrs func(*message.Message) []attribute.KeyValue, extra ...attribute.KeyValue) message.HandlerMiddleware {
@@ -69,7 +71,9 @@ func startSpan(ctx context.Context, name string, kind trace.SpanKind, msg *messa
 	attrs func(*message.Message) []attribute.KeyValue, extra ...attribute.KeyValue) (context.Context, trace.Span) {
 	ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(kind))
 	if span.IsRecording() {
-		span.SetAttributes(append(attrs(msg), extra...)...)
+		if a := append(attrs(msg), extra...); len(a) > 0 {
+			span.SetAttributes(a...)
+		}
 	}
 	return ctx, span
 }
@@ -117,24 +121,15 @@ func EndSpan(span trace.Span, err error) {
 	}
 }
 
-// ChildAttrs are the span attributes of one event message on a span below
-// the one that received it: its id, the seed's correlation id as
-// correlation_id, and its purchase.
-func ChildAttrs(msg *message.Message) []attribute.KeyValue {
-	return []attribute.KeyValue{
-		semconv.MessagingMessageID(msg.UUID),
-		attribute.String("correlation_id", msg.Metadata.Get(event.HeaderCorrelationID)),
-		attribute.String("purchase.id", msg.Metadata.Get(event.HeaderAggregateID)),
-	}
-}
-
 // MessageAttrs are the span attributes of one event message (messaging
 // semantic conventions, and the seed's correlation id as correlation_id):
-// ChildAttrs, and its tenant and where Kafka had it.
+// its id, correlation id, purchase and tenant, and where Kafka had it.
 func MessageAttrs(msg *message.Message) []attribute.KeyValue {
-	attrs := append(make([]attribute.KeyValue, 0, 10), semconv.MessagingSystemKafka,
-		attribute.String("tenant.id", msg.Metadata.Get(event.HeaderTenantID)))
-	attrs = append(attrs, ChildAttrs(msg)...)
+	attrs := append(make([]attribute.KeyValue, 0, 12), semconv.MessagingSystemKafka,
+		attribute.String("tenant.id", msg.Metadata.Get(event.HeaderTenantID)),
+		semconv.MessagingMessageID(msg.UUID),
+		attribute.String("correlation_id", msg.Metadata.Get(event.HeaderCorrelationID)),
+		attribute.String("purchase.id", msg.Metadata.Get(event.HeaderAggregateID)))
 	ctx := msg.Context()
 	if topic := message.SubscribeTopicFromCtx(ctx); topic != "" {
 		attrs = append(attrs, semconv.MessagingDestinationName(topic))
