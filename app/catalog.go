@@ -41,6 +41,7 @@ func (c *catalogConfig) registerBuffers(s *settings) {
 	s.int(&b.FetchPartitionBytes, "fetch-partition-bytes", "CATALOG_FETCH_PARTITION_BYTES", router.FetchPartitionBytesDefault, "most bytes one Kafka fetch asks of each partition (a larger record batch still comes whole)")
 	s.int(&b.FetchResponseBytes, "fetch-response-bytes", "CATALOG_FETCH_RESPONSE_BYTES", router.FetchResponseBytesDefault, "most bytes of one Kafka fetch response over every partition")
 	s.int(&b.ReadAhead, "read-ahead", "CATALOG_READ_AHEAD", router.ReadAheadDefault, "fetched records each partition may queue ahead of the one being handled")
+	s.int(&b.Lanes, "lanes", "CATALOG_LANES", router.LanesDefault, "records of one partition handled at once, those of one purchase one after the other (1: one at a time)")
 	s.int(&b.ReadAheadBytes, "read-ahead-bytes", "CATALOG_READ_AHEAD_BYTES", router.ReadAheadBytesDefault, "most bytes of fetched records not yet handled, over every partition (each counted as key, value and headers plus 1 KiB)")
 }
 

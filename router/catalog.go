@@ -119,6 +119,8 @@ func (c *CatalogConfig) setDefaults() {
 	c.MaxBatch = cmp.Or(c.MaxBatch, middleware.GroupCommitMaxBatchDefault)
 	c.Workers = cmp.Or(c.Workers, middleware.GroupCommitWorkersDefault)
 	c.MaxLocks = cmp.Or(c.MaxLocks, middleware.GroupCommitMaxLocksDefault)
+	// The records out in lanes: what the group commit applies at once.
+	c.Buffers.InFlight = cmp.Or(c.Buffers.InFlight, c.MaxBatch*c.Workers)
 	c.Buffers.setDefaults()
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
@@ -59,6 +60,14 @@ type ConsumerBuffers struct {
 	// partition, each counted as its key, value and headers plus 1 KiB.
 	// Defaults to ReadAheadBytesDefault.
 	ReadAheadBytes int
+	// Lanes is how many records of one partition are handled at once, the
+	// records of one key one after the other (lanes). 1 hands a partition's
+	// records one at a time. Defaults to LanesDefault.
+	Lanes int
+	// InFlight caps the records handed to lanes and not yet acked, over
+	// every partition. Defaults to InFlightDefault; the catalog sets it to
+	// what its group commit applies at once.
+	InFlight int
 }
 
 func (c *ConsumerBuffers) setDefaults() {
@@ -66,6 +75,8 @@ func (c *ConsumerBuffers) setDefaults() {
 	c.FetchResponseBytes = cmp.Or(c.FetchResponseBytes, FetchResponseBytesDefault)
 	c.ReadAhead = cmp.Or(c.ReadAhead, ReadAheadDefault)
 	c.ReadAheadBytes = cmp.Or(c.ReadAheadBytes, ReadAheadBytesDefault)
+	c.Lanes = cmp.Or(c.Lanes, LanesDefault)
+	c.InFlight = cmp.Or(c.InFlight, InFlightDefault)
 }
 
 // Validate reports sizes Sarama would refuse.
@@ -77,6 +88,12 @@ func (c ConsumerBuffers) Validate() error {
 	}
 	if c.ReadAhead < 1 || c.ReadAheadBytes < 1 {
 		errs = append(errs, errors.New("consumer read-ahead (records and bytes) must be positive"))
+	}
+	if c.Lanes < 1 || c.Lanes > maxLanes {
+		errs = append(errs, fmt.Errorf("consumer lanes must be between 1 and %d", maxLanes))
+	}
+	if c.InFlight < 1 {
+		errs = append(errs, errors.New("consumer records in flight must be positive"))
 	}
 	return errors.Join(errs...)
 }
@@ -99,10 +116,14 @@ func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers 
 	if err := buffers.Validate(); err != nil {
 		return nil, nil, err
 	}
+	buffers.setDefaults()
 	sc := cluster.ClientConfig("promoflow-" + group)
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	buffers.apply(sc)
+	if tracer == nil {
+		tracer = middleware.HandlerTracer(nil)
+	}
 	gate := newReadAhead(int64(buffers.ReadAheadBytes), gauge)
 	sc.Consumer.Interceptors = append(sc.Consumer.Interceptors, gate)
 	// An eager strategy, where every rebalance ends the session: that end is
@@ -115,7 +136,7 @@ func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers 
 		Brokers: cluster.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
 		NackResendSleep: time.Second,
-		Tracer:          gate.Tracer(tracer),
+		Tracer:          gate.Tracer(laneTracer{SaramaTracer: tracer, n: buffers.Lanes, inFlight: buffers.InFlight}),
 	}, wlog)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kafka subscriber %s: %w", group, err)

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 
 	"github.com/IBM/sarama"
@@ -76,8 +78,10 @@ func recordBytes(msg *sarama.ConsumerMessage) int64 {
 	return n
 }
 
-// OnConsume counts msg, once the records before it leave room for it.
+// OnConsume counts msg, once the records before it leave room for it, and
+// detaches it from the fetch response it was decoded from.
 func (r *readAhead) OnConsume(msg *sarama.ConsumerMessage) {
+	detach(msg)
 	n := recordBytes(msg)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -93,6 +97,33 @@ func (r *readAhead) OnConsume(msg *sarama.ConsumerMessage) {
 	r.add(n)
 }
 
+// detach copies msg's key, value and headers out of the buffer Sarama
+// decoded them in place from (the fetch response, or a compressed batch's
+// decompressed copy), into one allocation of the record's own. Otherwise
+// one record waiting keeps that whole buffer, up to a fetch response, from
+// being freed; with lanes, whose partitions move on at their own pace, the
+// buffers kept that way came to more than the read-ahead counts. Detached,
+// what is held is what is counted.
+func detach(msg *sarama.ConsumerMessage) {
+	size := len(msg.Key) + len(msg.Value)
+	for _, h := range msg.Headers {
+		size += len(h.Key) + len(h.Value)
+	}
+	buf := make([]byte, 0, size)
+	own := func(b []byte) []byte {
+		if len(b) == 0 {
+			return b
+		}
+		start := len(buf)
+		buf = append(buf, b...)
+		return buf[start:len(buf):len(buf)]
+	}
+	msg.Key, msg.Value = own(msg.Key), own(msg.Value)
+	for _, h := range msg.Headers {
+		h.Key, h.Value = own(h.Key), own(h.Value)
+	}
+}
+
 // add counts n more bytes (less, when negative); r.mu is held.
 func (r *readAhead) add(n int64) {
 	r.used += n
@@ -101,27 +132,35 @@ func (r *readAhead) add(n int64) {
 	}
 }
 
-// handled releases the records of topic's partition up to offset.
+// handled releases the record of topic's partition at offset. With lanes
+// the records of a partition are handled out of order, so a record is
+// released alone, and the queue's head of released records is dropped.
 func (r *readAhead) handled(topic string, partition int32, offset int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := claimKey{topic, partition}
 	q := r.pending[k]
-	i, n := 0, int64(0)
-	for ; i < len(q) && q[i].offset <= offset; i++ {
-		n += q[i].bytes
-	}
-	r.add(-n)
-	if i == 0 {
+	i, found := slices.BinarySearchFunc(q, offset, func(f fetched, o int64) int { return cmp.Compare(f.offset, o) })
+	if !found || q[i].bytes < 0 {
 		return
 	}
-	if i == len(q) {
+	r.add(-q[i].bytes)
+	q[i].bytes = released
+	head := 0
+	for head < len(q) && q[head].bytes == released {
+		head++
+	}
+	if head == len(q) {
 		delete(r.pending, k)
 	} else {
-		r.pending[k] = q[i:]
+		r.pending[k] = q[head:]
 	}
 	r.changed.Broadcast()
 }
+
+// released marks a record of a partition's queue that was handled while
+// one before it was not.
+const released = -1
 
 // start begins counting for a new session and returns its number.
 func (r *readAhead) start() uint64 {
