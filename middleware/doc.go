@@ -23,8 +23,8 @@
 //  6. Span "catalog.promotion.process": one per attempt.
 //  7. Span "catalog.promotion.store": the handler's work.
 //  8. The handler parses the event and waits on GroupCommit (groupcommit.go),
-//     the unit of work with dedup: the events that wait at the same time, one
-//     per partition in flight, share one transaction; their dedup keys
+//     the unit of work with dedup: the events that wait at the same time (up
+//     to the subscriber's lanes of each partition) share one transaction; their dedup keys
 //     (dedup.go) are stored in it, so each key commits or rolls back with its
 //     state change, and a duplicate is an ack no-op. The handler returns only
 //     after the commit, so replica, card boosts and dedup mark commit

@@ -89,9 +89,9 @@ type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R,
 // its effect and its dedup mark committed (seed: replica, card boosts and
 // dedup mark commit together, then the offset is acked).
 //
-// Every partition has one message in flight, so a transaction holds at most
-// one message per partition and, while one transaction runs, the next one
-// fills. A message whose key is already stored is a duplicate: it is acked
+// The subscriber's lanes keep a purchase's messages one after the other,
+// so a transaction holds at most one message of each purchase of a topic,
+// and, while one transaction runs, the next one fills. A message whose key is already stored is a duplicate: it is acked
 // as a no-op. A concurrent duplicate waits on the key's primary-key lock
 // until the first delivery commits, then skips (or, if the first rolled back,
 // applies). When a transaction of several messages fails, each is re-run in
