@@ -166,10 +166,16 @@ func runMemberWith(t *testing.T, topic, group string, buffers router.ConsumerBuf
 // partitions.
 func kafkaPublisherOf(t *testing.T) message.Publisher {
 	t.Helper()
+	return kafkaPublisherKeyed(t, func(m *message.Message) string { return m.UUID })
+}
+
+// kafkaPublisherKeyed publishes each message under the key key gives it.
+func kafkaPublisherKeyed(t *testing.T, key func(*message.Message) string) message.Publisher {
+	t.Helper()
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: kafkatest.Brokers(t),
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.UUID, nil
+			return key(m), nil
 		}),
 		OverwriteSaramaConfig: kafkatest.Cluster(t).DurableProducerConfig("test"),
 	}, watermill.NopLogger{})

@@ -30,15 +30,7 @@ func TestLanes_APartitionsPurchasesGoSideBySideEachInOrderAndTheOffsetWaits(t *t
 	const keys, perKey = 13, 20
 	topic := kafkatest.Topic(t, 1)
 	group := "pf-test-" + kafkatest.RandomSuffix()
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: kafkatest.Brokers(t),
-		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get("key"), nil
-		}),
-		OverwriteSaramaConfig: kafkatest.Cluster(t).DurableProducerConfig("test"),
-	}, watermill.NopLogger{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pub.Close() })
+	pub := kafkaPublisherKeyed(t, func(m *message.Message) string { return m.Metadata.Get("key") })
 	var msgs []*message.Message
 	for seq := range perKey {
 		for k := range keys {

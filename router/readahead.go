@@ -9,8 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/promoflow/promoflow/middleware"
 )
 
 // recordOverhead is what the consumer holds for a fetched record beside its
@@ -212,12 +210,9 @@ func (r *readAhead) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// Tracer wraps next (may be nil) so that each consumer-group session starts
-// and ends the count; next's other wraps stay.
+// Tracer wraps next so that each consumer-group session starts and ends
+// the count; next's other wraps stay.
 func (r *readAhead) Tracer(next kafka.SaramaTracer) kafka.SaramaTracer {
-	if next == nil {
-		next = middleware.HandlerTracer(nil)
-	}
 	return readAheadTracer{SaramaTracer: next, r: r}
 }
 
