@@ -18,8 +18,11 @@ import (
 type catalogConfig struct {
 	commonConfig
 	AdminToken string
-	Consumer   router.CatalogConfig
-	Topics     topicConfig
+	// MemoryLimit is the process's soft memory limit in bytes (0: from the
+	// buffers, -1: none); see memoryLimit.
+	MemoryLimit int
+	Consumer    router.CatalogConfig
+	Topics      topicConfig
 }
 
 func (c *catalogConfig) register(s *settings) {
@@ -42,6 +45,7 @@ func (c *catalogConfig) registerBuffers(s *settings) {
 	s.int(&b.FetchResponseBytes, "fetch-response-bytes", "CATALOG_FETCH_RESPONSE_BYTES", router.FetchResponseBytesDefault, "most bytes of one Kafka fetch response over every partition")
 	s.int(&b.ReadAhead, "read-ahead", "CATALOG_READ_AHEAD", router.ReadAheadDefault, "fetched records each partition may queue ahead of the one being handled")
 	s.int(&b.Lanes, "lanes", "CATALOG_LANES", router.LanesDefault, "records of one partition handled at once, those of one purchase one after the other (1: one at a time)")
+	s.int(&c.MemoryLimit, "memory-limit", "CATALOG_MEMORY_LIMIT", 0, "soft memory limit of the process in bytes (0: 60 MiB plus the read-ahead bytes and the fetch response bytes; -1: none; GOMEMLIMIT, when set, wins)")
 	s.int(&b.ReadAheadBytes, "read-ahead-bytes", "CATALOG_READ_AHEAD_BYTES", router.ReadAheadBytesDefault, "most bytes of fetched records not yet handled, over every partition (each counted as key, value and headers plus 1 KiB)")
 }
 
@@ -62,7 +66,9 @@ func runCatalog(ctx context.Context, args []string) error {
 	if err := parseCommand("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
 		return err
 	}
-	return startCatalog(ctx, cfg, cfg.logger("catalog"))
+	log := cfg.logger("catalog")
+	applyMemoryLimit(cfg.MemoryLimit, cfg.Consumer.Buffers, log)
+	return startCatalog(ctx, cfg, log)
 }
 
 func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {
@@ -103,7 +109,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 
 func (c catalogConfig) validate() error {
 	c.Consumer.Kafka.Brokers = splitList(c.Kafka.Brokers)
-	errs := []error{c.commonConfig.validate(), c.Topics.validate()}
+	errs := []error{c.commonConfig.validate(), c.Topics.validate(), validateMemoryLimit(c.MemoryLimit)}
 	if len(c.Consumer.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Consumer.Validate())
 	}

@@ -79,6 +79,12 @@ func (c *ConsumerBuffers) setDefaults() {
 	c.InFlight = cmp.Or(c.InFlight, InFlightDefault)
 }
 
+// WithDefaults is c with its zero fields at their defaults.
+func (c ConsumerBuffers) WithDefaults() ConsumerBuffers {
+	c.setDefaults()
+	return c
+}
+
 // Validate reports sizes Sarama would refuse.
 func (c ConsumerBuffers) Validate() error {
 	c.setDefaults() // a copy: what the subscriber will run with
