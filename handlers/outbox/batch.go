@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -35,29 +36,29 @@ var ErrUnreadable = errors.New("unreadable outbox row")
 // memory and sends to Kafka in one request.
 const MaxEventsPerRow = 500
 
-// packedEvent is one event inside a batch payload: the message as the Kafka
-// publisher will see it.
+// packedEvent is one event inside a batch payload of the first layout, a
+// JSON array of them: the message as the Kafka publisher will see it. Rows
+// written so by an earlier release are still read (Unpack, merge).
 type packedEvent struct {
 	UUID     string           `json:"uuid"`
 	Payload  []byte           `json:"payload"`
 	Metadata message.Metadata `json:"metadata"`
 }
 
-// pack makes one message of msgs, in order.
-func pack(msgs []*message.Message) (*message.Message, error) {
-	events := make([]packedEvent, len(msgs))
-	for i, m := range msgs {
-		events[i] = packedEvent{UUID: m.UUID, Payload: m.Payload, Metadata: m.Metadata}
-	}
-	payload, err := json.Marshal(events)
-	if err != nil {
-		return nil, fmt.Errorf("pack outbox batch: %w", err)
+// pack makes one message of msgs, in order, in the framed layout
+// (framesMagic).
+func pack(msgs []*message.Message) *message.Message {
+	payload := slices.Clone(framesMagic)
+	for _, m := range msgs {
+		payload = appendFrame(payload, m)
 	}
 	// No aggregate_id: a relay of a release before batches cannot key the
-	// batch, so it retries it instead of publishing it as one record.
+	// batch, so it retries it instead of publishing it as one record. A relay
+	// of a release before the framed layout refuses it as unreadable and
+	// stops there (docs/runbooks/outbox-backlog.md).
 	batch := message.NewMessage(watermill.NewUUID(), payload)
 	batch.Metadata.Set(EventsMetadataKey, strconv.Itoa(len(msgs)))
-	return batch, nil
+	return batch
 }
 
 // Unpack returns the events msg carries, in the order they were written, each
@@ -71,12 +72,23 @@ func Unpack(msg *message.Message) ([]*message.Message, error) {
 	if msg.Metadata.Get(EventsMetadataKey) == "" {
 		return []*message.Message{msg}, nil
 	}
+	want := EventCount(msg)
+	if isFramed(msg.Payload) {
+		out, err := decodeFrames(msg.Payload, want)
+		if err != nil {
+			return nil, fmt.Errorf("%w: batch %s: %w", ErrUnreadable, msg.UUID, err)
+		}
+		for _, e := range out {
+			e.SetContext(msg.Context())
+		}
+		return out, nil
+	}
 	var events []packedEvent
 	if err := json.Unmarshal(msg.Payload, &events); err != nil {
 		return nil, fmt.Errorf("%w: batch %s: %w", ErrUnreadable, msg.UUID, err)
 	}
-	if n := EventCount(msg); n != len(events) {
-		return nil, fmt.Errorf("%w: batch %s: %d events, %d announced", ErrUnreadable, msg.UUID, len(events), n)
+	if want != len(events) {
+		return nil, fmt.Errorf("%w: batch %s: %d events, %d announced", ErrUnreadable, msg.UUID, len(events), want)
 	}
 	out := make([]*message.Message, len(events))
 	for i, e := range events {

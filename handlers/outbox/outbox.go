@@ -70,10 +70,7 @@ func PublishTx(tx *Tx, destTopic string, msgs ...*message.Message) error {
 		return fmt.Errorf("outbox publisher: %w", err)
 	}
 	for chunk := range slices.Chunk(msgs, MaxEventsPerRow) {
-		batch, err := pack(chunk)
-		if err != nil {
-			return err
-		}
+		batch := pack(chunk)
 		fwd := forwarder.NewPublisher(rowMetadata{pub, batch.Metadata}, forwarder.PublisherConfig{ForwarderTopic: ForwarderTopic})
 		if err := fwd.Publish(destTopic, batch); err != nil {
 			return fmt.Errorf("write outbox: %w", err)

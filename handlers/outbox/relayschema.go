@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -201,7 +202,9 @@ type mergedRows struct {
 }
 
 // merge joins the events of a group's envelopes (payloads, a JSON array of
-// them, one per offset) into one batch payload. A row it cannot read is an
+// them, one per offset) into one batch payload in the framed layout: a framed
+// row's frames as they are, the events of a row of the JSON layout or of one
+// event written before batches as new frames. A row it cannot read is an
 // *unreadableRow.
 func merge(payloads []byte, offsets []string) (mergedRows, error) {
 	var rows []json.RawMessage
@@ -211,32 +214,52 @@ func merge(payloads []byte, offsets []string) (mergedRows, error) {
 	if len(rows) != len(offsets) {
 		return mergedRows{}, fmt.Errorf("merge outbox rows %s: %d rows", strings.Join(offsets, ","), len(rows))
 	}
-	var m mergedRows
-	var events []json.RawMessage
+	m := mergedRows{batch: slices.Clone(framesMagic)}
 	for i, raw := range rows {
 		var env envelope
 		if err := json.Unmarshal(raw, &env); err != nil {
 			return mergedRows{}, &unreadableRow{offsets[i], err}
 		}
 		m.lastUUID = env.UUID
-		if env.Metadata.Get(EventsMetadataKey) == "" {
-			ev, err := json.Marshal(packedEvent{UUID: env.UUID, Payload: env.Payload, Metadata: env.Metadata})
-			if err != nil {
-				return mergedRows{}, &unreadableRow{offsets[i], err}
-			}
-			events = append(events, ev)
-			continue
-		}
-		var evs []json.RawMessage
-		if err := json.Unmarshal(env.Payload, &evs); err != nil {
+		n, err := m.add(env)
+		if err != nil {
 			return mergedRows{}, &unreadableRow{offsets[i], err}
 		}
-		events = append(events, evs...)
+		m.events += n
 	}
-	var err error
-	if m.batch, err = json.Marshal(events); err != nil {
-		return mergedRows{}, fmt.Errorf("merge outbox rows %s: %w", strings.Join(offsets, ","), err)
-	}
-	m.events = len(events)
 	return m, nil
+}
+
+// add appends the events of one row's envelope to the batch and returns how
+// many.
+func (m *mergedRows) add(env envelope) (int, error) {
+	if env.Metadata.Get(EventsMetadataKey) == "" {
+		m.batch = appendFrame(m.batch, &message.Message{UUID: env.UUID, Payload: env.Payload, Metadata: env.Metadata})
+		return 1, nil
+	}
+	want, err := strconv.Atoi(env.Metadata.Get(EventsMetadataKey))
+	if err != nil {
+		return 0, fmt.Errorf("events announced: %w", err)
+	}
+	var n int
+	if isFramed(env.Payload) {
+		frames := env.Payload[len(framesMagic):]
+		if n, err = countFrames(frames); err != nil {
+			return 0, err
+		}
+		m.batch = append(m.batch, frames...)
+	} else {
+		var evs []packedEvent
+		if err := json.Unmarshal(env.Payload, &evs); err != nil {
+			return 0, err
+		}
+		for _, e := range evs {
+			m.batch = appendFrame(m.batch, &message.Message{UUID: e.UUID, Payload: e.Payload, Metadata: e.Metadata})
+		}
+		n = len(evs)
+	}
+	if n != want {
+		return 0, fmt.Errorf("%d events, %d announced", n, want)
+	}
+	return n, nil
 }
