@@ -57,29 +57,34 @@ func isFramed(payload []byte) bool { return bytes.HasPrefix(payload, framesMagic
 // decodeFrames returns the events of a framed batch, in order; their payloads
 // share batch's memory. It fails unless batch holds exactly want whole frames.
 func decodeFrames(batch []byte, want int) ([]*message.Message, error) {
-	r := frameReader{rest: batch[len(framesMagic):]}
 	out := make([]*message.Message, 0, want)
-	for len(r.rest) > 0 {
-		msg, err := r.frame()
-		if err != nil {
-			return nil, fmt.Errorf("%w: event %d: %w", errFrames, len(out), err)
-		}
-		out = append(out, msg)
+	n, err := walkFrames(batch[len(framesMagic):], func(msg *message.Message) { out = append(out, msg) })
+	if err != nil {
+		return nil, err
 	}
-	if len(out) != want {
-		return nil, fmt.Errorf("%w: %d events, %d announced", errFrames, len(out), want)
+	if n != want {
+		return nil, fmt.Errorf("%w: %d events, %d announced", errFrames, n, want)
 	}
 	return out, nil
 }
 
 // countFrames checks that frames (a framed batch without its magic) parses and
-// returns how many events it holds.
-func countFrames(frames []byte) (int, error) {
+// returns how many events it holds, without building them.
+func countFrames(frames []byte) (int, error) { return walkFrames(frames, nil) }
+
+// walkFrames reads frames (a framed batch without its magic) to its end and
+// returns how many events it holds; each is handed to keep, or, when keep is
+// nil, only checked and not built.
+func walkFrames(frames []byte, keep func(*message.Message)) (int, error) {
 	r := frameReader{rest: frames}
 	n := 0
 	for len(r.rest) > 0 {
-		if _, err := r.frame(); err != nil {
+		msg, err := r.frame(keep != nil)
+		if err != nil {
 			return 0, fmt.Errorf("%w: event %d: %w", errFrames, n, err)
+		}
+		if keep != nil {
+			keep(msg)
 		}
 		n++
 	}
@@ -88,7 +93,8 @@ func countFrames(frames []byte) (int, error) {
 
 type frameReader struct{ rest []byte }
 
-func (r *frameReader) frame() (*message.Message, error) {
+// frame reads the next frame; it builds the event only when build is set.
+func (r *frameReader) frame(build bool) (*message.Message, error) {
 	id, err := r.field()
 	if err != nil {
 		return nil, fmt.Errorf("uuid: %w", err)
@@ -105,8 +111,11 @@ func (r *frameReader) frame() (*message.Message, error) {
 	if pairs > uint64(len(r.rest))/2 {
 		return nil, fmt.Errorf("metadata: %d pairs in %d bytes", pairs, len(r.rest))
 	}
-	msg := message.NewMessage(string(id), payload)
-	msg.Metadata = make(message.Metadata, pairs)
+	var msg *message.Message
+	if build {
+		msg = message.NewMessage(string(id), payload)
+		msg.Metadata = make(message.Metadata, pairs)
+	}
 	for range pairs {
 		k, err := r.field()
 		if err != nil {
@@ -116,7 +125,9 @@ func (r *frameReader) frame() (*message.Message, error) {
 		if err != nil {
 			return nil, fmt.Errorf("metadata value of %q: %w", k, err)
 		}
-		msg.Metadata[string(k)] = string(v)
+		if build {
+			msg.Metadata[string(k)] = string(v)
+		}
 	}
 	return msg, nil
 }
