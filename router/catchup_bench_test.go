@@ -51,6 +51,15 @@ const catchUpPartitions = 48
 // to 16 KiB, 256 KiB and 1 MiB, uncompressed and snappy, lz4 and zstd; the
 // simple workload's as the relay writes it. Each reports the shape of the
 // batches a consumer reads (records and KiB a batch, the largest batch).
+//
+// PROMOFLOW_CATCHUP_VERSUS, a list of settings (for example Sarama's own
+// buffer sizes, "CATALOG_FETCH_PARTITION_BYTES=1048576 ..."), makes each of
+// the b.N rounds two pairs of runs: one side with the defaults, one with those
+// settings, each on a topic and database of its own, the defaults first in
+// the first pair and second in the second, so that a drift of the machine
+// weighs on both alike. It reports the other side's figures beside the
+// defaults' and the median of the pairs' ratios of events/s (on a shared
+// machine one run moves by tens of percent either way).
 func BenchmarkCatalogCatchUp(b *testing.B) {
 	bin := buildPromoflow(b)
 	n := benchSize(100_000, 5_000)
@@ -58,6 +67,10 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 		var err error
 		n, err = strconv.Atoi(v)
 		require.NoError(b, err, "PROMOFLOW_CATCHUP_EVENTS")
+	}
+	versus := strings.Fields(os.Getenv("PROMOFLOW_CATCHUP_VERSUS"))
+	for _, kv := range versus {
+		require.Contains(b, kv, "=", "PROMOFLOW_CATCHUP_VERSUS: %q is not NAME=value", kv)
 	}
 	runs := []struct {
 		w     workload
@@ -71,21 +84,60 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 	}
 	for _, r := range runs {
 		b.Run("workload="+r.w.name+"/producer="+r.shape.name, func(b *testing.B) {
-			var tp throughput
-			var cpu cpuPerEvent
-			var peakMB float64
-			var shape batchShape
-			for range b.N {
-				mb, s := catchUp(b, bin, n, r.w, r.shape, &tp, &cpu)
-				peakMB, shape = max(peakMB, mb), s
+			var defaults, other catchUpSide
+			var ratios []float64
+			pairs := 0
+			if versus == nil {
+				for range b.N {
+					defaults.run(b, bin, n, r.w, r.shape, nil)
+				}
+			} else {
+				pairs = 2 * b.N
 			}
-			b.ReportMetric(tp.rate(), "events/s")
-			b.ReportMetric(peakMB, "peak-rss-MB")
-			cpu.report(b, "catalog")
-			shape.report(b)
-			b.Logf("%d events (%s, producer %s: %s) on %d partitions; %s", n, r.w.name, r.shape.name, shape,
+			for i := range pairs {
+				var mine, theirs float64
+				inTurn(i, func() { mine = defaults.run(b, bin, n, r.w, r.shape, nil) },
+					func() { theirs = other.run(b, bin, n, r.w, r.shape, versus) })
+				ratios = append(ratios, mine/theirs)
+			}
+			defaults.report(b, "")
+			if versus != nil {
+				other.report(b, "versus-")
+				b.ReportMetric(median(ratios), "median-pair-defaults/versus")
+				b.Logf("each pair's events/s, defaults/versus (%s), in order: %.3f", strings.Join(versus, " "), ratios)
+			}
+			b.Logf("%d events (%s, producer %s: %s) on %d partitions; %s", n, r.w.name, r.shape.name, defaults.shape,
 				catchUpPartitions, loadAverage())
 		})
+	}
+}
+
+// catchUpSide is one side of BenchmarkCatalogCatchUp's runs: the sum of
+// their events/s and CPU times, the highest peak RSS and the topic's batch shape.
+type catchUpSide struct {
+	tp     throughput
+	cpu    cpuPerEvent
+	peakMB float64
+	shape  batchShape
+}
+
+// run catches up once with env added to the process's environment and
+// returns that run's events/s.
+func (s *catchUpSide) run(b *testing.B, bin string, n int, w workload, producer producerShape, env []string) float64 {
+	var tp throughput
+	mb, shape := catchUp(b, bin, n, w, producer, env, &tp, &s.cpu)
+	s.tp.add(tp.events, tp.secs)
+	s.peakMB, s.shape = max(s.peakMB, mb), shape
+	return tp.rate()
+}
+
+// report adds the side's figures, their names led by prefix.
+func (s *catchUpSide) report(b *testing.B, prefix string) {
+	b.ReportMetric(s.tp.rate(), prefix+"events/s")
+	b.ReportMetric(s.peakMB, prefix+"peak-rss-MB")
+	s.cpu.reportAs(b, prefix, "catalog")
+	if prefix == "" {
+		s.shape.report(b)
 	}
 }
 
@@ -103,16 +155,16 @@ func buildPromoflow(b *testing.B) string {
 }
 
 // catchUp puts n events of w on a topic in the producer's shape, runs
-// `promoflow catalog` until its lag is 0, adds its events/s and CPU time to tp
+// `promoflow catalog` (env added to its environment) until its lag is 0, adds its events/s and CPU time to tp
 // and cpu, and returns its peak RSS in MiB and the topic's batch shape.
-func catchUp(b *testing.B, bin string, n int, w workload, producer producerShape, tp *throughput, cpu *cpuPerEvent) (peakMB float64, shape batchShape) {
+func catchUp(b *testing.B, bin string, n int, w workload, producer producerShape, env []string, tp *throughput, cpu *cpuPerEvent) (peakMB float64, shape batchShape) {
 	cb := newWorkloadBench(b, 4, n, w)
 	topic := kafkatest.TopicWith(b, kafkakit.Topic{Partitions: catchUpPartitions, CleanupPolicy: kafkakit.PolicyCompact})
 	producer.produce(b, cb, topic)
 	shape = topicBatchShape(b, topic, n)
 
 	pg := watchPGBackends(b, cb.c.DB)
-	p := startCatalogProcess(b, bin, cb.c, topic)
+	p := startCatalogProcess(b, bin, cb.c, topic, env)
 	require.Eventually(b, func() bool { return p.consumed(b) > 0 }, 2*time.Minute, metricsPoll, "the catalog took no event")
 	first, start := p.consumed(b), time.Now()
 	cpuAt, pgAt := p.cpu(b), pg.CPU()
@@ -159,8 +211,9 @@ type catalogProcess struct {
 }
 
 // startCatalogProcess starts bin as the catalog of bundle c on topic, with
-// its log in a file; the benchmark's end stops it.
-func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic string) *catalogProcess {
+// env after the benchmark's own CATALOG_*, GOGC and GOMEMLIMIT (so that env's
+// win), and its log in a file; the benchmark's end stops it.
+func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic string, env []string) *catalogProcess {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	addr := ln.Addr().String()
@@ -174,6 +227,7 @@ func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic 
 			p.cmd.Env = append(p.cmd.Env, kv)
 		}
 	}
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Env = append(p.cmd.Env, "DATABASE_URL="+c.URL, "KAFKA_BROKERS="+strings.Join(c.Cfg.Kafka.Brokers, ","),
 		"KAFKA_CREATE_TOPICS=false", "PROMOTION_TOPIC="+topic, "CATALOG_REPLAY_TOPIC="+c.Cfg.ReplayTopic,
 		"CATALOG_DLQ_TOPIC="+c.Cfg.DLQTopic, "CATALOG_CONSUMER_GROUP="+c.Cfg.ConsumerGroup, "HTTP_ADDR="+addr)

@@ -154,11 +154,14 @@ func (c *cpuPerEvent) add(events int, consumer, postgres time.Duration, measured
 }
 
 // report adds the consumer's, PostgreSQL's and their total µs per event.
-func (c cpuPerEvent) report(b *testing.B, consumerName string) {
+func (c cpuPerEvent) report(b *testing.B, consumerName string) { c.reportAs(b, "", consumerName) }
+
+// reportAs is report with every name led by prefix.
+func (c cpuPerEvent) reportAs(b *testing.B, prefix, consumerName string) {
 	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(c.events) }
-	b.ReportMetric(us(c.consumer), consumerName+"-cpu-us/event")
+	b.ReportMetric(us(c.consumer), prefix+consumerName+"-cpu-us/event")
 	if c.postgresMeasured {
-		b.ReportMetric(us(c.postgres), "postgres-cpu-us/event")
-		b.ReportMetric(us(c.consumer+c.postgres), "total-cpu-us/event")
+		b.ReportMetric(us(c.postgres), prefix+"postgres-cpu-us/event")
+		b.ReportMetric(us(c.consumer+c.postgres), prefix+"total-cpu-us/event")
 	}
 }

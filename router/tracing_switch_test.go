@@ -134,12 +134,17 @@ func tracingSides[T any](b *testing.B, turn int, side func() T) (off, on T) {
 		defer stop()
 		on = side()
 	}
-	if turn%2 == 1 {
-		runOn()
-	}
-	off = side()
-	if turn%2 == 0 {
-		runOn()
-	}
+	inTurn(turn, func() { off = side() }, runOn)
 	return off, on
+}
+
+// inTurn runs first then second on an even turn and second then first on an
+// odd one, so that a drift of the machine over a run weighs on both sides of
+// the pairs alike.
+func inTurn(turn int, first, second func()) {
+	if turn%2 == 1 {
+		first, second = second, first
+	}
+	first()
+	second()
 }
