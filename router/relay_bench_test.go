@@ -44,13 +44,17 @@ func benchSize(full, short int) int {
 // (1 per transaction). Reports events/s of both and their ratio, and the
 // relay with tracing on (the default sampler, exported over OTLP/HTTP, every
 // event with a writer's trace context) beside it off: their ratio is the
-// cost of tracing (docs/benchmarks.md).
+// cost of tracing (docs/benchmarks.md). Each of the b.N rounds is a pair of
+// the two, in alternating order; it reports the whole run's ratio and the
+// median of the pairs' (one pair moves by tens of percent on a shared
+// machine: run it with -benchtime 6x or more for the cost of tracing).
 func BenchmarkRelay(b *testing.B) {
 	withoutSpanRecording(b)
 	n := benchSize(20_000, 2_000)
 	for _, perTx := range []int{expire.BatchSizeDefault, 1} {
 		b.Run(fmt.Sprintf("events-per-tx=%d", perTx), func(b *testing.B) {
 			var bareSecs, relaySecs, tracedSecs, peakMB float64
+			var ratios []float64
 			// Alternate which side goes first, so neither always meets a warmer broker.
 			for i := range b.N {
 				if i%2 == 0 {
@@ -59,6 +63,7 @@ func BenchmarkRelay(b *testing.B) {
 				off, on := tracingSides(b, i, func() relayRun { return relay(b, n, perTx, 1) })
 				relaySecs += off.secs
 				tracedSecs += on.secs
+				ratios = append(ratios, off.secs/on.secs)
 				peakMB = max(peakMB, off.peakMB)
 				if i%2 == 1 {
 					bareSecs += bareSend(b, n)
@@ -73,6 +78,8 @@ func BenchmarkRelay(b *testing.B) {
 			b.ReportMetric(peakMB, "relay-peak-rss-MB")
 			b.ReportMetric(traced, "relay-traced-events/s")
 			b.ReportMetric(traced/got, "tracing-on/off")
+			b.ReportMetric(median(ratios), "median-pair-on/off")
+			b.Logf("each pair's tracing-on/off, in order: %.3f", ratios)
 		})
 	}
 }
