@@ -43,7 +43,8 @@ const catchUpPartitions = 48
 // RSS (VmHWM, the kernel's high-water mark of the process's resident memory
 // over its whole life, read once the lag is 0); and, over the same span as the
 // events/s, the CPU time per event of the process and of the database's
-// PostgreSQL backends, and their total. 100,000 events of each workload,
+// PostgreSQL backends, and their total; and the mean events of its
+// group-commit transactions (events/tx). 100,000 events of each workload,
 // 5,000 under -short, or PROMOFLOW_CATCHUP_EVENTS.
 //
 // The producer is a dimension (catchUpShapes): the cascade workload's topic
@@ -87,7 +88,7 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 			var defaults, other catchUpSide
 			var ratios []float64
 			pairs := 0
-			if versus == nil {
+			if len(versus) == 0 {
 				for range b.N {
 					defaults.run(b, bin, n, r.w, r.shape, nil)
 				}
@@ -101,7 +102,7 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 				ratios = append(ratios, mine/theirs)
 			}
 			defaults.report(b, "")
-			if versus != nil {
+			if len(versus) > 0 {
 				other.report(b, "versus-")
 				b.ReportMetric(median(ratios), "median-pair-defaults/versus")
 				b.Logf("each pair's events/s, defaults/versus (%s), in order: %.3f", strings.Join(versus, " "), ratios)
@@ -113,19 +114,27 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 }
 
 // catchUpSide is one side of BenchmarkCatalogCatchUp's runs: the sum of
-// their events/s and CPU times, the highest peak RSS and the topic's batch shape.
+// their events/s, CPU times and group-commit transactions, the highest peak
+// RSS and the topic's batch shape.
 type catchUpSide struct {
 	tp     throughput
 	cpu    cpuPerEvent
+	txs    transactions
 	peakMB float64
 	shape  batchShape
 }
+
+// transactions sums the events and the transactions of the catalog's group
+// commits (its catalog_promotion_batch_size histogram).
+type transactions struct{ events, count float64 }
+
+func (t transactions) perTx() float64 { return t.events / t.count }
 
 // run catches up once with env added to the process's environment and
 // returns that run's events/s.
 func (s *catchUpSide) run(b *testing.B, bin string, n int, w workload, producer producerShape, env []string) float64 {
 	var tp throughput
-	mb, shape := catchUp(b, bin, n, w, producer, env, &tp, &s.cpu)
+	mb, shape := catchUp(b, bin, n, w, producer, env, &tp, &s.cpu, &s.txs)
 	s.tp.add(tp.events, tp.secs)
 	s.peakMB, s.shape = max(s.peakMB, mb), shape
 	return tp.rate()
@@ -135,6 +144,7 @@ func (s *catchUpSide) run(b *testing.B, bin string, n int, w workload, producer 
 func (s *catchUpSide) report(b *testing.B, prefix string) {
 	b.ReportMetric(s.tp.rate(), prefix+"events/s")
 	b.ReportMetric(s.peakMB, prefix+"peak-rss-MB")
+	b.ReportMetric(s.txs.perTx(), prefix+"events/tx")
 	s.cpu.reportAs(b, prefix, "catalog")
 	if prefix == "" {
 		s.shape.report(b)
@@ -155,9 +165,10 @@ func buildPromoflow(b *testing.B) string {
 }
 
 // catchUp puts n events of w on a topic in the producer's shape, runs
-// `promoflow catalog` (env added to its environment) until its lag is 0, adds its events/s and CPU time to tp
-// and cpu, and returns its peak RSS in MiB and the topic's batch shape.
-func catchUp(b *testing.B, bin string, n int, w workload, producer producerShape, env []string, tp *throughput, cpu *cpuPerEvent) (peakMB float64, shape batchShape) {
+// `promoflow catalog` (env added to its environment) until its lag is 0, adds its events/s, CPU time and
+// group-commit transactions to tp, cpu and txs, and returns its peak RSS in MiB and the topic's batch shape.
+func catchUp(b *testing.B, bin string, n int, w workload, producer producerShape, env []string, tp *throughput, cpu *cpuPerEvent,
+	txs *transactions) (peakMB float64, shape batchShape) {
 	cb := newWorkloadBench(b, 4, n, w)
 	topic := kafkatest.TopicWith(b, kafkakit.Topic{Partitions: catchUpPartitions, CleanupPolicy: kafkakit.PolicyCompact})
 	producer.produce(b, cb, topic)
@@ -176,7 +187,8 @@ func catchUp(b *testing.B, bin string, n int, w workload, producer producerShape
 	tp.add(n-first, secs)
 
 	waitLagZero(b, cb.c.Cfg.ConsumerGroup, topic)
-	b.Logf("events per transaction: mean %.1f", p.metric(b, "catalog_promotion_batch_size_sum ")/p.metric(b, "catalog_promotion_batch_size_count "))
+	txs.events += p.metric(b, "catalog_promotion_batch_size_sum ")
+	txs.count += p.metric(b, "catalog_promotion_batch_size_count ")
 	peakMB = p.peakRSSMB(b)
 	p.stop(b)
 	return peakMB, shape
