@@ -130,6 +130,14 @@ type transactions struct{ events, count float64 }
 
 func (t transactions) perTx() float64 { return t.events / t.count }
 
+// addSizes adds transactions of the given sizes (events each).
+func (t *transactions) addSizes(sizes []int) {
+	for _, n := range sizes {
+		t.events += float64(n)
+	}
+	t.count += float64(len(sizes))
+}
+
 // run catches up once with env added to the process's environment and
 // returns that run's events/s.
 func (s *catchUpSide) run(b *testing.B, bin string, n int, w workload, producer producerShape, env []string) float64 {

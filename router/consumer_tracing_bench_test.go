@@ -14,12 +14,15 @@ import (
 // it with -benchtime 6x or more. It reports the events/s of each side over
 // every pair and their ratio, the median of the pairs' ratios, and the CPU
 // time per event of the process and of PostgreSQL on each side, which move
-// less than the rates (docs/benchmarks.md).
+// less than the rates, and the mean events of each side's group-commit
+// transactions: fewer a transaction cost PostgreSQL more an event
+// (docs/benchmarks.md).
 func BenchmarkConsumerTracing(b *testing.B) {
 	withoutSpanRecording(b)
 	const partitions = 48
 	var off, on throughput
 	var offCPU, onCPU cpuPerEvent
+	var offTx, onTx transactions
 	var ratios []float64
 	for i := range b.N {
 		var pairOff, pairOn throughput
@@ -27,9 +30,11 @@ func BenchmarkConsumerTracing(b *testing.B) {
 			kc := newConsumerBench(b, partitions)
 			if tracingIsOn() {
 				traceWrites(each(kc.msgs)...)
-				kc.consume(b, partitions, &pairOn, &onCPU)
+				sizes, _ := kc.consume(b, partitions, &pairOn, &onCPU)
+				onTx.addSizes(sizes)
 			} else {
-				kc.consume(b, partitions, &pairOff, &offCPU)
+				sizes, _ := kc.consume(b, partitions, &pairOff, &offCPU)
+				offTx.addSizes(sizes)
 			}
 			return struct{}{}
 		})
@@ -48,6 +53,8 @@ func BenchmarkConsumerTracing(b *testing.B) {
 		b.ReportMetric(perEvent(offCPU.postgres, offCPU.events), "off-postgres-cpu-us/event")
 		b.ReportMetric(perEvent(onCPU.postgres, onCPU.events), "on-postgres-cpu-us/event")
 	}
+	b.ReportMetric(offTx.perTx(), "off-events/tx")
+	b.ReportMetric(onTx.perTx(), "on-events/tx")
 	b.Logf("each pair's tracing-on/off, in order: %.3f", ratios)
 }
 
