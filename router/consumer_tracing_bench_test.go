@@ -28,14 +28,13 @@ func BenchmarkConsumerTracing(b *testing.B) {
 		var pairOff, pairOn throughput
 		tracingSides(b, i, func() struct{} {
 			kc := newConsumerBench(b, partitions)
+			tp, cpu, txs := &pairOff, &offCPU, &offTx
 			if tracingIsOn() {
 				traceWrites(each(kc.msgs)...)
-				sizes, _ := kc.consume(b, partitions, &pairOn, &onCPU)
-				onTx.addSizes(sizes)
-			} else {
-				sizes, _ := kc.consume(b, partitions, &pairOff, &offCPU)
-				offTx.addSizes(sizes)
+				tp, cpu, txs = &pairOn, &onCPU, &onTx
 			}
+			sizes, _ := kc.consume(b, partitions, tp, cpu)
+			txs.addSizes(sizes)
 			return struct{}{}
 		})
 		ratios = append(ratios, pairOn.rate()/pairOff.rate())
