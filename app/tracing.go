@@ -8,17 +8,17 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/middleware/otlpexport"
 )
 
 // setupTracing sets the process's propagator from $OTEL_PROPAGATORS, so that
 // trace context travels through it whether or not it exports, and exports
-// spans over OTLP/HTTP when $OTEL_EXPORTER_OTLP_ENDPOINT or
+// spans over OTLP/HTTP (otlpexport) when $OTEL_EXPORTER_OTLP_ENDPOINT or
 // $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (the exporter and the SDK read
 // the other OTEL_* variables themselves, the sampler included). Without them
 // spans are dropped at no cost. The returned func flushes and stops the
@@ -28,7 +28,7 @@ func setupTracing(ctx context.Context, service string) (func(context.Context) er
 	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
 		return func(context.Context) error { return nil }, nil
 	}
-	exp, err := otlptracehttp.New(ctx)
+	exp, err := otlpexport.New(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("trace exporter: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
+	"github.com/promoflow/promoflow/middleware/otlpexport"
 )
 
 // benchTracing is the provider of BenchmarkTracing_ConsumerSpansPerEvent,
@@ -46,7 +47,7 @@ func BenchmarkTracing_ConsumerSpansPerEvent(b *testing.B) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			w.Header().Set("Content-Type", "application/x-protobuf")
 		}))
-		exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
+		exp, err := otlpexport.New(context.Background(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
 		require.NoError(b, err)
 		benchTracing.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithBlocking()))
 		otel.SetTracerProvider(benchTracing.tp)

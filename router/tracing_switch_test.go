@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/middleware/otlpexport"
 )
 
 // switchProvider is the tests' global tracer provider. The global provider
@@ -87,7 +88,7 @@ func tracingOn(b *testing.B) (off func()) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/x-protobuf")
 	}))
-	exp, err := otlptracehttp.New(b.Context(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
+	exp, err := otlpexport.New(b.Context(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
 	require.NoError(b, err)
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
 	tracing.set(tp)
