@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"net"
 	"net/http"
@@ -61,6 +62,9 @@ const catchUpPartitions = 48
 // weighs on both alike. It reports the other side's figures beside the
 // defaults' and the median of the pairs' ratios of events/s (on a shared
 // machine one run moves by tens of percent either way).
+// PROMOFLOW_CATCHUP_VERSUS_BIN, a binary built elsewhere (another version),
+// makes the other side of each pair run it, with the settings of
+// PROMOFLOW_CATCHUP_VERSUS if any, so that two versions are compared in one run.
 func BenchmarkCatalogCatchUp(b *testing.B) {
 	bin := buildPromoflow(b)
 	n := benchSize(100_000, 5_000)
@@ -73,6 +77,8 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 	for _, kv := range versus {
 		require.Contains(b, kv, "=", "PROMOFLOW_CATCHUP_VERSUS: %q is not NAME=value", kv)
 	}
+	versusBin := cmp.Or(os.Getenv("PROMOFLOW_CATCHUP_VERSUS_BIN"), bin)
+	compare := len(versus) > 0 || versusBin != bin
 	runs := []struct {
 		w     workload
 		shape producerShape
@@ -88,7 +94,7 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 			var defaults, other catchUpSide
 			var ratios []float64
 			pairs := 0
-			if len(versus) == 0 {
+			if !compare {
 				for range b.N {
 					defaults.run(b, bin, n, r.w, r.shape, nil)
 				}
@@ -98,14 +104,14 @@ func BenchmarkCatalogCatchUp(b *testing.B) {
 			for i := range pairs {
 				var mine, theirs float64
 				inTurn(i, func() { mine = defaults.run(b, bin, n, r.w, r.shape, nil) },
-					func() { theirs = other.run(b, bin, n, r.w, r.shape, versus) })
+					func() { theirs = other.run(b, versusBin, n, r.w, r.shape, versus) })
 				ratios = append(ratios, mine/theirs)
 			}
 			defaults.report(b, "")
-			if len(versus) > 0 {
+			if compare {
 				other.report(b, "versus-")
 				b.ReportMetric(median(ratios), "median-pair-defaults/versus")
-				b.Logf("each pair's events/s, defaults/versus (%s), in order: %.3f", strings.Join(versus, " "), ratios)
+				b.Logf("each pair's events/s, defaults/versus (%s %s), in order: %.3f", versusBin, strings.Join(versus, " "), ratios)
 			}
 			b.Logf("%d events (%s, producer %s: %s) on %d partitions; %s", n, r.w.name, r.shape.name, defaults.shape,
 				catchUpPartitions, loadAverage())

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"sync/atomic"
 	"testing"
 
@@ -128,14 +129,22 @@ func traceWrites(groups ...[]*message.Message) {
 }
 
 // tracingSides runs side with tracing off and on, in the order turn says, and
-// returns what each measured.
+// returns what each measured. Each side runs under the pprof label
+// tracing=off or tracing=on, which its goroutines inherit, so that a CPU
+// profile of the benchmark (-cpuprofile) tells the sides apart
+// (go tool pprof -tagfocus tracing=on).
 func tracingSides[T any](b *testing.B, turn int, side func() T) (off, on T) {
 	runOn := func() {
-		stop := tracingOn(b)
-		defer stop()
-		on = side()
+		pprof.Do(b.Context(), pprof.Labels("tracing", "on"), func(context.Context) {
+			stop := tracingOn(b)
+			defer stop()
+			on = side()
+		})
 	}
-	inTurn(turn, func() { off = side() }, runOn)
+	runOff := func() {
+		pprof.Do(b.Context(), pprof.Labels("tracing", "off"), func(context.Context) { off = side() })
+	}
+	inTurn(turn, runOff, runOn)
 	return off, on
 }
 
