@@ -130,9 +130,10 @@ func traceWrites(groups ...[]*message.Message) {
 
 // tracingSides runs side with tracing off and on, in the order turn says, and
 // returns what each measured. Each side runs under the pprof label
-// tracing=off or tracing=on, which its goroutines inherit, so that a CPU
-// profile of the benchmark (-cpuprofile) tells the sides apart
-// (go tool pprof -tagfocus tracing=on).
+// tracing=off or tracing=on, which the goroutines it starts inherit, so that
+// a CPU profile of the benchmark (-cpuprofile) tells the sides apart
+// (go tool pprof -tagfocus tracing=on); the runtime's own work (the garbage
+// collector, the scheduler) and goroutines started before it stay unlabelled.
 func tracingSides[T any](b *testing.B, turn int, side func() T) (off, on T) {
 	runOn := func() {
 		pprof.Do(b.Context(), pprof.Labels("tracing", "on"), func(context.Context) {
