@@ -76,17 +76,6 @@ func TestTracing_CreateToCardIsOneTrace(t *testing.T) {
 	server := tree.requireCreateChain(t, caller.SpanID().String(), "create-"+suffix)
 	require.Equal(t, "00-"+caller.TraceID().String()+"-"+server.SpanID+"-01", resp.Header.Get("traceresponse"),
 		"the answer names its trace and the server span")
-	for _, s := range rec.Ended() {
-		if s.Name() == "catalog.promotion.commit" && tree.requireOne(t, "catalog.promotion.store").SpanID == s.Parent().SpanID().String() {
-			return // a transaction of this event alone, in its trace
-		}
-		for _, l := range s.Links() {
-			if s.Name() == "catalog.promotion.commit" && l.SpanContext.TraceID() == caller.TraceID() {
-				return // a transaction shared with other events, linked to this one
-			}
-		}
-	}
-	t.Fatal("no consumer transaction continues or links to the event's store span")
 }
 
 // postTraced makes a purchase of weight 7 on project through the API at addr,

@@ -20,9 +20,8 @@
 //     transaction.
 //  5. ContractVersion (contractversion.go): warns and counts a mismatch, and
 //     proceeds (the seed's warn-and-proceed); the payload's own validation decides.
-//  6. Span "catalog.promotion.process": one per attempt.
-//  7. Span "catalog.promotion.store": the handler's work.
-//  8. The handler parses the event and waits on GroupCommit (groupcommit.go),
+//  6. Span "catalog.promotion.process": one per attempt, the handler's work.
+//  7. The handler parses the event and waits on GroupCommit (groupcommit.go),
 //     the unit of work with dedup: the events that wait at the same time (up
 //     to the subscriber's lanes of each partition) share one transaction; their dedup keys
 //     (dedup.go) are stored in it, so each key commits or rolls back with its
@@ -30,7 +29,10 @@
 //     after the commit, so replica, card boosts and dedup mark commit
 //     together, then the offset is acked. A failed transaction of several
 //     events re-runs each alone, so every attempt of one event is its own.
+//     The transaction's span "catalog.promotion.store" is the seed's span of
+//     a call to the store: it continues the process span of a transaction
+//     of one event and links to each process span of a shared one.
 //
-// A projection rebuild replays the topic through steps 4 to 8: a record that
+// A projection rebuild replays the topic through steps 4 to 7: a record that
 // fails for good was dead-lettered once already.
 package middleware

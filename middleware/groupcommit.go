@@ -257,15 +257,17 @@ func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
 }
 
 // commit runs batch in one transaction and, once it committed, sets each
-// waiter's result. Its span (catalog.promotion.commit) applies events of as
-// many traces as waiters: it continues the one handler span of a batch of
-// one, and links to each of a larger batch (StartBatchSpan).
+// waiter's result. Its span, catalog.promotion.store (the seed's span of a
+// call to the store: one transaction, whatever the number of events),
+// applies events of as many traces as waiters: it continues the one
+// handler's process span of a batch of one, and links to each of a larger
+// batch (StartBatchSpan).
 func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
 	origins := make([]trace.SpanContext, len(batch))
 	for i, w := range batch {
 		origins[i] = w.origin
 	}
-	ctx, span := StartBatchSpan("catalog.promotion.commit", trace.SpanKindInternal, origins,
+	ctx, span := StartBatchSpan("catalog.promotion.store", trace.SpanKindInternal, origins,
 		semconv.MessagingBatchMessageCount(len(batch)), semconv.DBSystemNamePostgreSQL)
 	defer func() {
 		EndSpan(span, err)

@@ -1,8 +1,11 @@
 package middleware
 
 import (
+	"bytes"
 	"context"
+	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -28,7 +31,7 @@ var tracer = otel.Tracer("github.com/promoflow/promoflow")
 func Receive(name, group string) message.HandlerMiddleware {
 	return spanMiddleware(name, trace.SpanKindConsumer, func(msg *message.Message) context.Context {
 		return event.ExtractTrace(msg.Context(), msg)
-	}, MessageAttrs, semconv.MessagingConsumerGroupName(group), semconv.MessagingOperationTypeReceive)
+	}, appendMessageAttrs, semconv.MessagingConsumerGroupName(group), semconv.MessagingOperationTypeReceive)
 }
 
 // Span opens a span named name around the rest of the chain, as a child of
@@ -39,13 +42,11 @@ func Receive(name, group string) message.HandlerMiddleware {
 // search by correlation_id finds with its whole trace. Every attribute is
 // paid for per event, when the span starts and again when it is exported.
 func Span(name string, kind trace.SpanKind) message.HandlerMiddleware {
-	return spanMiddleware(name, kind, (*message.Message).Context, noAttrs)
+	return spanMiddleware(name, kind, (*message.Message).Context, nil)
 }
 
-func noAttrs(*message.Message) []attribute.KeyValue { return nil }
-
 func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Message) context.Context,
-	attrs func(*message.Message) []attribute.KeyValue, extra ...attribute.KeyValue) message.HandlerMiddleware {
+	attrs appendAttrs, extra ...attribute.KeyValue) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx, span := startSpan(parent(msg), name, kind, msg, attrs, extra...)
@@ -60,21 +61,35 @@ func spanMiddleware(name string, kind trace.SpanKind, parent func(*message.Messa
 	}
 }
 
-// StartSpan opens a span for one message, with MessageAttrs and extra. The
+// appendAttrs appends a message's span attributes to dst.
+type appendAttrs func(dst []attribute.KeyValue, msg *message.Message) []attribute.KeyValue
+
+// StartSpan opens a span for one message, with the message's attributes (appendMessageAttrs) and extra. The
 // attributes are made only for a span that records: without a trace
-// exporter every span is a no-op, and the consumer opens three per event.
+// exporter every span is a no-op, and the consumer opens two per event.
 func StartSpan(ctx context.Context, name string, kind trace.SpanKind, msg *message.Message, extra ...attribute.KeyValue) (context.Context, trace.Span) {
-	return startSpan(ctx, name, kind, msg, MessageAttrs, extra...)
+	return startSpan(ctx, name, kind, msg, appendMessageAttrs, extra...)
 }
 
+// attrBuffers hold the attributes of a span while it starts: the SDK
+// copies them into the span, so one buffer serves span after span.
+var attrBuffers = sync.Pool{New: func() any { return new([16]attribute.KeyValue) }}
+
 func startSpan(ctx context.Context, name string, kind trace.SpanKind, msg *message.Message,
-	attrs func(*message.Message) []attribute.KeyValue, extra ...attribute.KeyValue) (context.Context, trace.Span) {
+	attrs appendAttrs, extra ...attribute.KeyValue) (context.Context, trace.Span) {
 	ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(kind))
-	if span.IsRecording() {
-		if a := append(attrs(msg), extra...); len(a) > 0 {
-			span.SetAttributes(a...)
-		}
+	if !span.IsRecording() || (attrs == nil && len(extra) == 0) {
+		return ctx, span
 	}
+	buf := attrBuffers.Get().(*[16]attribute.KeyValue)
+	a := buf[:0]
+	if attrs != nil {
+		a = attrs(a, msg)
+	}
+	a = append(a, extra...)
+	span.SetAttributes(a...)
+	clear(a)
+	attrBuffers.Put(buf)
 	return ctx, span
 }
 
@@ -86,21 +101,15 @@ func startSpan(ctx context.Context, name string, kind trace.SpanKind, msg *messa
 // starts a trace of its own and links to each distinct origin. Items
 // without an origin add none.
 func StartBatchSpan(name string, kind trace.SpanKind, origins []trace.SpanContext, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	links := make([]trace.Link, 0, 1)
-	seen := make(map[[24]byte]bool, 1)
+	links := make([]trace.Link, 0, len(origins))
 	for _, o := range origins {
-		if !o.IsValid() {
-			continue
-		}
-		var id [24]byte
-		tid, sid := o.TraceID(), o.SpanID()
-		copy(id[:16], tid[:])
-		copy(id[16:], sid[:])
-		if !seen[id] {
-			seen[id] = true
+		if o.IsValid() {
 			links = append(links, trace.Link{SpanContext: o})
 		}
 	}
+	// Distinct origins, without a map: sorted, equal ones are neighbours.
+	slices.SortFunc(links, compareLinks)
+	links = slices.CompactFunc(links, func(a, b trace.Link) bool { return compareLinks(a, b) == 0 })
 	opts := []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(attrs...)}
 	ctx := context.Background()
 	switch len(links) {
@@ -113,6 +122,16 @@ func StartBatchSpan(name string, kind trace.SpanKind, origins []trace.SpanContex
 	return tracer.Start(ctx, name, opts...)
 }
 
+// compareLinks orders links by their trace id, then span id.
+func compareLinks(a, b trace.Link) int {
+	at, bt := a.SpanContext.TraceID(), b.SpanContext.TraceID()
+	if c := bytes.Compare(at[:], bt[:]); c != 0 {
+		return c
+	}
+	as, bs := a.SpanContext.SpanID(), b.SpanContext.SpanID()
+	return bytes.Compare(as[:], bs[:])
+}
+
 // EndSpan marks span failed when err is not nil.
 func EndSpan(span trace.Span, err error) {
 	if err != nil {
@@ -121,11 +140,12 @@ func EndSpan(span trace.Span, err error) {
 	}
 }
 
-// MessageAttrs are the span attributes of one event message (messaging
-// semantic conventions, and the seed's correlation id as correlation_id):
-// its id, correlation id, purchase and tenant, and where Kafka had it.
-func MessageAttrs(msg *message.Message) []attribute.KeyValue {
-	attrs := append(make([]attribute.KeyValue, 0, 12), semconv.MessagingSystemKafka,
+// appendMessageAttrs appends the span attributes of one event message
+// (messaging semantic conventions, and the seed's correlation id as
+// correlation_id): its id, correlation id, purchase and tenant, and where
+// Kafka had it.
+func appendMessageAttrs(attrs []attribute.KeyValue, msg *message.Message) []attribute.KeyValue {
+	attrs = append(attrs, semconv.MessagingSystemKafka,
 		attribute.String("tenant.id", msg.Metadata.Get(event.HeaderTenantID)),
 		semconv.MessagingMessageID(msg.UUID),
 		attribute.String("correlation_id", msg.Metadata.Get(event.HeaderCorrelationID)),

@@ -179,7 +179,6 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		mw.retry,
 		mw.contractVersion,
 		mw.process,
-		mw.store,
 	}
 	// The replay topic has a group of its own, so that its rebalances never
 	// pause the main topic.
@@ -205,9 +204,9 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 // the unit of work its handler applies events through. close releases the
 // unit of work's prepared statements.
 type catalogMiddlewares struct {
-	retry, contractVersion, process, store message.HandlerMiddleware
-	unitOfWork                             *unitOfWork
-	close                                  func() error
+	retry, contractVersion, process message.HandlerMiddleware
+	unitOfWork                      *unitOfWork
+	close                           func() error
 }
 
 func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims) (catalogMiddlewares, error) {
@@ -243,7 +242,6 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 		retry:           retry,
 		contractVersion: middleware.ContractVersion(event.ContractVersion, m.ContractMismatch, log),
 		process:         middleware.Span("catalog.promotion.process", trace.SpanKindInternal),
-		store:           middleware.Span("catalog.promotion.store", trace.SpanKindInternal),
 		unitOfWork:      uow,
 		close:           closeApply,
 	}, nil

@@ -17,9 +17,9 @@ import (
 
 // TestTracing_GroupCommitLinksEveryEvent: events of many traces, waiting on
 // three partitions for one worker, share transactions; each event's receive
-// span continues its own trace, and the span of a transaction of several
-// events links to the store span of each, of every trace it applies (a
-// transaction of one continues its event's trace).
+// span continues its own trace, and the store span of a transaction of
+// several events links to the process span of each, of every trace it
+// applies (a transaction of one continues its event's trace).
 func TestTracing_GroupCommitLinksEveryEvent(t *testing.T) {
 	c := setupCatalog(t, true)
 	c.Cfg.Workers = 1 // the events that arrive while a transaction runs wait together for the next
@@ -38,19 +38,19 @@ func TestTracing_GroupCommitLinksEveryEvent(t *testing.T) {
 	c.Start(t)
 	c.WaitConsumed(t, n, 30*time.Second)
 
-	stores := map[trace.SpanID]trace.SpanContext{}
+	processes := map[trace.SpanID]trace.SpanContext{}
 	for i, msg := range msgs {
 		receive := waitSpan(t, "catalog.promotion.receive", "messaging.message.id", msg.UUID)
 		require.True(t, childOf(receive, origins[i]), "event %d: receive continues its writer's trace", i)
-		store := requireConsumed(t, receive)
-		stores[store.SpanContext().SpanID()] = store.SpanContext()
+		process := requireConsumed(t, receive)
+		processes[process.SpanContext().SpanID()] = process.SpanContext()
 	}
 	var shared []sdktrace.ReadOnlySpan
 	for _, s := range spans.Ended() {
-		if s.Name() != "catalog.promotion.commit" || len(s.Links()) < 2 {
+		if s.Name() != "catalog.promotion.store" || len(s.Links()) < 2 {
 			continue
 		}
-		if _, ours := stores[s.Links()[0].SpanContext.SpanID()]; ours {
+		if _, ours := processes[s.Links()[0].SpanContext.SpanID()]; ours {
 			shared = append(shared, s)
 		}
 	}
@@ -59,9 +59,9 @@ func TestTracing_GroupCommitLinksEveryEvent(t *testing.T) {
 		require.False(t, s.Parent().IsValid(), "a transaction of several traces is a root")
 		require.Equal(t, fmt.Sprint(len(s.Links())), attr(s, "messaging.batch.message_count"), "one link per event")
 		for _, l := range s.Links() {
-			store, ours := stores[l.SpanContext.SpanID()]
-			require.True(t, ours, "the transaction links to store spans of the events only")
-			require.Equal(t, store.TraceID(), l.SpanContext.TraceID())
+			process, ours := processes[l.SpanContext.SpanID()]
+			require.True(t, ours, "the transaction links to process spans of the events only")
+			require.Equal(t, process.TraceID(), l.SpanContext.TraceID())
 		}
 	}
 	t.Logf("%d transactions of several events, the largest of %d", len(shared), maxLinks(shared))

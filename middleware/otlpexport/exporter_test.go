@@ -105,7 +105,7 @@ func spans(t *testing.T) []sdktrace.ReadOnlySpan {
 		{Name: "catalog.promotion.receive", SpanContext: sc(1, false, trace.FlagsSampled), Parent: sc(9, true, trace.FlagsSampled),
 			SpanKind: trace.SpanKindConsumer, StartTime: start, EndTime: start.Add(time.Millisecond), Attributes: every,
 			DroppedAttributes: 3, Resource: resA, InstrumentationScope: ours},
-		{Name: "catalog.promotion.commit", SpanContext: sc(2, false, trace.FlagsSampled), SpanKind: trace.SpanKindInternal,
+		{Name: "catalog.promotion.store", SpanContext: sc(2, false, trace.FlagsSampled), SpanKind: trace.SpanKindInternal,
 			StartTime: start, EndTime: start.Add(2 * time.Millisecond), Resource: resA, InstrumentationScope: ours,
 			Links: []sdktrace.Link{{SpanContext: sc(3, true, trace.FlagsSampled)}, {SpanContext: sc(4, false, 0),
 				Attributes: []attribute.KeyValue{attribute.String("k", "v")}, DroppedAttributeCount: 2}},
