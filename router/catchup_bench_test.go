@@ -67,12 +67,7 @@ const catchUpPartitions = 48
 // PROMOFLOW_CATCHUP_VERSUS if any, so that two versions are compared in one run.
 func BenchmarkCatalogCatchUp(b *testing.B) {
 	bin := buildPromoflow(b)
-	n := benchSize(100_000, 5_000)
-	if v := os.Getenv("PROMOFLOW_CATCHUP_EVENTS"); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err, "PROMOFLOW_CATCHUP_EVENTS")
-	}
+	n := benchEvents(b, "PROMOFLOW_CATCHUP_EVENTS", 100_000, 5_000)
 	versus := strings.Fields(os.Getenv("PROMOFLOW_CATCHUP_VERSUS"))
 	for _, kv := range versus {
 		require.Contains(b, kv, "=", "PROMOFLOW_CATCHUP_VERSUS: %q is not NAME=value", kv)

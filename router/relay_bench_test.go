@@ -37,6 +37,19 @@ func benchSize(full, short int) int {
 	return full
 }
 
+// benchEvents is the number of events the variable env names, or
+// benchSize(full, short) when it is not set.
+func benchEvents(b *testing.B, env string, full, short int) int {
+	v := os.Getenv(env)
+	if v == "" {
+		return benchSize(full, short)
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(b, err, env)
+	require.Positive(b, n, env)
+	return n
+}
+
 // BenchmarkRelay measures the outbox relay from the SQL outbox to real Kafka
 // (acks=all, idempotent) against a bare SendMessages of the same records with
 // the same producer config, in the same run. The outbox is written as the
@@ -48,9 +61,11 @@ func benchSize(full, short int) int {
 // the two, in alternating order; it reports the whole run's ratio and the
 // median of the pairs' (one pair moves by tens of percent on a shared
 // machine: run it with -benchtime 6x or more for the cost of tracing).
+// 20,000 events a side, 2,000 under -short, or PROMOFLOW_RELAY_EVENTS: at
+// 200 events a transaction a side of 20,000 lasts under a second.
 func BenchmarkRelay(b *testing.B) {
 	withoutSpanRecording(b)
-	n := benchSize(20_000, 2_000)
+	n := benchEvents(b, "PROMOFLOW_RELAY_EVENTS", 20_000, 2_000)
 	for _, perTx := range []int{expire.BatchSizeDefault, 1} {
 		b.Run(fmt.Sprintf("events-per-tx=%d", perTx), func(b *testing.B) {
 			var bareSecs, relaySecs, tracedSecs, peakMB float64
@@ -195,12 +210,7 @@ func benchMessages(b *testing.B, n int) []*message.Message {
 // instant), as a backlog after an outage leaves them.
 func BenchmarkBurst(b *testing.B) {
 	withoutSpanRecording(b)
-	n := benchSize(100_000, 10_000)
-	if v := os.Getenv("PROMOFLOW_BURST_EVENTS"); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err, "PROMOFLOW_BURST_EVENTS")
-	}
+	n := benchEvents(b, "PROMOFLOW_BURST_EVENTS", 100_000, 10_000)
 	b.Run("ends=one-instant", func(b *testing.B) { benchBurst(b, n, seedAtOneInstant) })
 	b.Run("ends=spread", func(b *testing.B) { benchBurst(b, n, seedSpread) })
 }
