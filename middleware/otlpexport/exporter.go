@@ -3,7 +3,7 @@
 // of its, retries and compression included) with the spans encoded straight
 // from the SDK's read-only spans into protobuf, in a buffer kept from one
 // export to the next, instead of being copied into the generated OTLP
-// structs first: the consumer exports three spans for every event, and that
+// structs first: the consumer exports two spans for every event, and that
 // copy and its garbage were most of what tracing cost it.
 package otlpexport
 
