@@ -88,7 +88,7 @@ func startSpan(ctx context.Context, name string, kind trace.SpanKind, msg *messa
 	}
 	a = append(a, extra...)
 	span.SetAttributes(a...)
-	clear(a)
+	clear(buf[:min(len(a), len(buf))]) // a outgrows buf past 16 attributes
 	attrBuffers.Put(buf)
 	return ctx, span
 }

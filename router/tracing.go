@@ -23,18 +23,7 @@ import (
 type tracingPublisher struct{ message.Publisher }
 
 func (p tracingPublisher) Publish(topic string, msgs ...*message.Message) error {
-	origins := make([]trace.SpanContext, len(msgs))
-	// The events of one writer's transaction, neighbours in a request,
-	// carry the same trace headers: each distinct pair is parsed once.
-	var parent, state string
-	for i, msg := range msgs {
-		p, s := msg.Metadata.Get(traceParentHeader), msg.Metadata.Get(traceStateHeader)
-		if i > 0 && p == parent && s == state {
-			origins[i] = origins[i-1]
-			continue
-		}
-		parent, state, origins[i] = p, s, event.Origin(msg)
-	}
+	origins := event.Origins(msgs)
 	attrs := []attribute.KeyValue{semconv.MessagingSystemKafka, semconv.MessagingDestinationName(topic),
 		semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"), semconv.MessagingBatchMessageCount(len(msgs))}
 	if c, ok := sharedCorrelationID(msgs); ok {
@@ -61,10 +50,6 @@ func (p tracingPublisher) Publish(topic string, msgs ...*message.Message) error 
 	middleware.EndSpan(span, err)
 	return err
 }
-
-// traceParentHeader and traceStateHeader are the W3C Trace Context headers
-// of event.TraceHeaders, which make an event's origin.
-const traceParentHeader, traceStateHeader = "traceparent", "tracestate"
 
 // sharedCorrelationID is the correlation id of msgs when they all have one.
 func sharedCorrelationID(msgs []*message.Message) (string, bool) {

@@ -13,7 +13,11 @@ import (
 // carry an event's trace context with the default propagators (W3C Trace
 // Context and Baggage). Each is optional: an event written without a span
 // has none, and tracestate and baggage appear only when set.
-var TraceHeaders = []string{"traceparent", "tracestate", "baggage"}
+var TraceHeaders = []string{headerTraceParent, headerTraceState, "baggage"}
+
+// headerTraceParent and headerTraceState are the W3C Trace Context headers,
+// which make an event's origin (baggage does not).
+const headerTraceParent, headerTraceState = "traceparent", "tracestate"
 
 // InjectTrace writes the span context and baggage of ctx into msg's metadata
 // with the process's propagator (OTEL_PROPAGATORS), so that the event carries
@@ -33,8 +37,21 @@ func ExtractTrace(ctx context.Context, msg *message.Message) context.Context {
 	return otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(msg.Metadata))
 }
 
-// Origin is the span context msg's metadata carries: the span of the
-// transaction that wrote the event. It is not valid when there is none.
-func Origin(msg *message.Message) trace.SpanContext {
-	return trace.SpanContextFromContext(ExtractTrace(context.Background(), msg))
+// Origins are the span contexts msgs' metadata carry, in order: the spans
+// of the transactions that wrote them. One is not valid when its event has
+// none. The events of one writer's transaction are neighbours and carry the
+// same trace headers, so each run of equal headers is parsed once.
+func Origins(msgs []*message.Message) []trace.SpanContext {
+	origins := make([]trace.SpanContext, len(msgs))
+	var parent, state string
+	for i, msg := range msgs {
+		p, s := msg.Metadata.Get(headerTraceParent), msg.Metadata.Get(headerTraceState)
+		if i > 0 && p == parent && s == state {
+			origins[i] = origins[i-1]
+			continue
+		}
+		parent, state = p, s
+		origins[i] = trace.SpanContextFromContext(ExtractTrace(context.Background(), msg))
+	}
+	return origins
 }
