@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -267,7 +266,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	pub := cfg.RelayPublisher
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
-			Marshaler: kafka.NewWithPartitioningMarshaler(event.PartitionKey), Timeout: cfg.RelayPublishTimeout,
+			Marshaler: kafkakit.KeyedMarshaler{Key: event.PartitionKey}, Timeout: cfg.RelayPublishTimeout,
 			Lease: guard.ValidUntil})
 		if err != nil {
 			return err

@@ -60,7 +60,8 @@ func benchEvents(b *testing.B, env string, full, short int) int {
 // cost of tracing (docs/benchmarks.md). Each of the b.N rounds is a pair of
 // the two, in alternating order; it reports the whole run's ratio and the
 // median of the pairs' (one pair moves by tens of percent on a shared
-// machine: run it with -benchtime 6x or more for the cost of tracing).
+// machine: run it with -benchtime 6x or more for the cost of tracing), and
+// each side's CPU time per event in this process and in PostgreSQL.
 // 20,000 events a side, 2,000 under -short, or PROMOFLOW_RELAY_EVENTS: at
 // 200 events a transaction a side of 20,000 lasts under a second.
 func BenchmarkRelay(b *testing.B) {
@@ -70,6 +71,7 @@ func BenchmarkRelay(b *testing.B) {
 		b.Run(fmt.Sprintf("events-per-tx=%d", perTx), func(b *testing.B) {
 			var bareSecs, relaySecs, tracedSecs, peakMB float64
 			var ratios []float64
+			var offCPU, onCPU cpuPerEvent
 			// Alternate which side goes first, so neither always meets a warmer broker.
 			for i := range b.N {
 				if i%2 == 0 {
@@ -80,6 +82,8 @@ func BenchmarkRelay(b *testing.B) {
 				tracedSecs += on.secs
 				ratios = append(ratios, off.secs/on.secs)
 				peakMB = max(peakMB, off.peakMB)
+				offCPU.add(off.cpu.events, off.cpu.consumer, off.cpu.postgres, off.cpu.postgresMeasured)
+				onCPU.add(on.cpu.events, on.cpu.consumer, on.cpu.postgres, on.cpu.postgresMeasured)
 				if i%2 == 1 {
 					bareSecs += bareSend(b, n)
 				}
@@ -94,6 +98,8 @@ func BenchmarkRelay(b *testing.B) {
 			b.ReportMetric(traced, "relay-traced-events/s")
 			b.ReportMetric(traced/got, "tracing-on/off")
 			b.ReportMetric(median(ratios), "median-pair-on/off")
+			offCPU.reportAs(b, "off-", "relay")
+			onCPU.reportAs(b, "on-", "relay")
 			b.Logf("each pair's tracing-on/off, in order: %.3f", ratios)
 		})
 	}
@@ -128,6 +134,10 @@ type relayRun struct {
 	peakMB float64
 	// relayed is how many events each process relayed.
 	relayed []float64
+	// cpu is the CPU time the test process (every relay, and on the traced
+	// side the exporter and the receiver too) and the database's PostgreSQL
+	// backends used meanwhile.
+	cpu cpuPerEvent
 }
 
 // relay writes n events to the outbox, perTx per transaction, and measures
@@ -167,12 +177,17 @@ func relay(b *testing.B, n, perTx, processes int) relayRun {
 		return sum
 	}
 
+	pg := watchPGBackends(b, procs[0].db)
 	resetPeakRSS(b)
+	selfAt, pgAt := selfCPU(b), pg.CPU()
+
 	start := time.Now()
 	require.NoError(b, gate.Commit())
 	require.Eventually(b, func() bool { return relayed() >= float64(n) }, 10*time.Minute, time.Millisecond,
 		"the relay did not relay the outbox's %d events", n)
 	run.secs = time.Since(start).Seconds()
+	pg.close()
+	run.cpu.add(n, selfCPU(b)-selfAt, pg.CPU()-pgAt, pg != nil)
 	run.peakMB = peakRSSMB(b)
 	require.EqualValues(b, n, catalogtest.TopicSize(b, topic), "the topic holds each of the outbox's events once")
 	return run

@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/promoflow/promoflow/handlers/event"
 )
 
 // EventsMetadataKey marks an outbox message that carries a batch of events;
@@ -45,12 +47,60 @@ type packedEvent struct {
 	Metadata message.Metadata `json:"metadata"`
 }
 
+// sharedKeyPrefix leads, in a framed batch's metadata, each trace header
+// (event.TraceHeaders) that all its events carry with one value, which
+// their frames leave out: an expirer batch's 200 events share their writer's
+// span, and its trace context written 200 times cost the relay 8 % of
+// its throughput, in the outbox row, the forwarder's envelope and the
+// frames. Only trace headers are shared: a relay of a release before them
+// relays every event whole, without its trace context.
+const sharedKeyPrefix = "outbox_shared_"
+
+// sharedTrace is the trace headers that every one of msgs, two or more,
+// carries with one value.
+func sharedTrace(msgs []*message.Message) message.Metadata {
+	if len(msgs) < 2 {
+		return nil
+	}
+	var shared message.Metadata
+	for _, k := range event.TraceHeaders {
+		v, ok := msgs[0].Metadata[k]
+		if !ok || slices.ContainsFunc(msgs[1:], func(m *message.Message) bool {
+			w, ok := m.Metadata[k]
+			return !ok || w != v
+		}) {
+			continue
+		}
+		if shared == nil {
+			shared = message.Metadata{}
+		}
+		shared[k] = v
+	}
+	return shared
+}
+
+// sharedOf is the pairs a framed batch's metadata shares with each of its
+// events (sharedKeyPrefix), without the prefix.
+func sharedOf(batch message.Metadata) message.Metadata {
+	var shared message.Metadata
+	for _, k := range event.TraceHeaders {
+		if v, ok := batch[sharedKeyPrefix+k]; ok {
+			if shared == nil {
+				shared = message.Metadata{}
+			}
+			shared[k] = v
+		}
+	}
+	return shared
+}
+
 // pack makes one message of msgs, in order, in the framed layout
-// (framesMagic).
+// (framesMagic), with their shared trace headers in its metadata.
 func pack(msgs []*message.Message) *message.Message {
+	shared := sharedTrace(msgs)
 	payload := slices.Clone(framesMagic)
 	for _, m := range msgs {
-		payload = appendFrame(payload, m)
+		payload = appendFrame(payload, m, shared)
 	}
 	// No aggregate_id: a relay of a release before batches cannot key the
 	// batch, so it retries it instead of publishing it as one record. A relay
@@ -58,6 +108,9 @@ func pack(msgs []*message.Message) *message.Message {
 	// stops there (docs/runbooks/outbox-backlog.md).
 	batch := message.NewMessage(watermill.NewUUID(), payload)
 	batch.Metadata.Set(EventsMetadataKey, strconv.Itoa(len(msgs)))
+	for k, v := range shared {
+		batch.Metadata.Set(sharedKeyPrefix+k, v)
+	}
 	return batch
 }
 
@@ -74,7 +127,7 @@ func Unpack(msg *message.Message) ([]*message.Message, error) {
 	}
 	want := EventCount(msg)
 	if isFramed(msg.Payload) {
-		out, err := decodeFrames(msg.Payload, want)
+		out, err := decodeFrames(msg.Payload, want, sharedOf(msg.Metadata))
 		if err != nil {
 			return nil, fmt.Errorf("%w: batch %s: %w", ErrUnreadable, msg.UUID, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -41,6 +42,30 @@ func TestPack_FramedBatchUnpacksToItsEventsInOrder(t *testing.T) {
 	require.NoError(t, err)
 	requireSameEvents(t, want, got)
 	require.Equal(t, pack(want).Payload, batch.Payload, "a batch's bytes follow from its events")
+}
+
+// A trace header that every event of a batch carries with one value is
+// written once, in the batch's metadata, and each event gets it back; one
+// that the events do not all share stays in every frame.
+func TestPack_TraceHeadersEveryEventSharesAreWrittenOnce(t *testing.T) {
+	want := events(5)
+	for _, e := range want {
+		e.Metadata.Set("tracestate", "k=v")
+	}
+	want[3].Metadata.Set("tracestate", "k=other")
+	batch := pack(want)
+	traceparent := want[0].Metadata.Get("traceparent")
+	require.Equal(t, traceparent, batch.Metadata.Get(sharedKeyPrefix+"traceparent"))
+	require.NotContains(t, string(batch.Payload), traceparent, "the shared traceparent is in no frame")
+	require.NotContains(t, batch.Metadata, sharedKeyPrefix+"tracestate", "event 3's tracestate differs")
+	require.Equal(t, 4, strings.Count(string(batch.Payload), "k=v"), "every frame keeps its own tracestate")
+	got, err := Unpack(batch)
+	require.NoError(t, err)
+	requireSameEvents(t, want, got)
+
+	one := pack(want[:1])
+	require.Contains(t, string(one.Payload), traceparent, "a batch of one event shares nothing")
+	require.NotContains(t, one.Metadata, sharedKeyPrefix+"traceparent")
 }
 
 // jsonLayout is a batch as a release before the framed layout wrote it.
@@ -115,6 +140,27 @@ func TestMerge_JoinsRowsOfEveryLayoutInOrder(t *testing.T) {
 	requireSameEvents(t, all, got)
 }
 
+// merge gives each event of a row whose events shared their trace headers
+// those headers back, in its own frame: the merged batch's rows come from
+// transactions of different traces.
+func TestMerge_KeepsEachRowsSharedTraceOnItsOwnEvents(t *testing.T) {
+	all := events(6)
+	for i, e := range all {
+		e.Metadata.Set("traceparent", fmt.Sprintf("00-%032x-%016x-01", 1+i/3, 1+i/3))
+	}
+	rows := []json.RawMessage{envelopeJSON(t, pack(all[:3])), envelopeJSON(t, pack(all[3:]))}
+	payloads, err := json.Marshal(rows)
+	require.NoError(t, err)
+
+	m, err := merge(payloads, []string{"1", "2"})
+	require.NoError(t, err)
+	batch := message.NewMessage("merged", m.batch)
+	batch.Metadata.Set(EventsMetadataKey, strconv.Itoa(m.events))
+	got, err := Unpack(batch)
+	require.NoError(t, err)
+	requireSameEvents(t, all, got)
+}
+
 func TestMerge_NamesTheRowItCannotRead(t *testing.T) {
 	bad := pack(events(2))
 	bad.Payload = bad.Payload[:len(bad.Payload)-1]
@@ -143,10 +189,10 @@ func FuzzDecodeFrames(f *testing.F) {
 	f.Fuzz(func(t *testing.T, frames []byte) {
 		n, countErr := countFrames(frames)
 		batch := append(append([]byte{}, framesMagic...), frames...)
-		got, err := decodeFrames(batch, n)
+		got, err := decodeFrames(batch, n, nil)
 		if countErr != nil {
 			require.ErrorIs(t, countErr, errFrames)
-			_, err := decodeFrames(batch, 0)
+			_, err := decodeFrames(batch, 0, nil)
 			require.ErrorIs(t, err, errFrames)
 			return
 		}
@@ -154,7 +200,7 @@ func FuzzDecodeFrames(f *testing.F) {
 		require.Len(t, got, n)
 		// Metadata keys may repeat in the input; the events keep the last
 		// value, and pack writes each key once, in order.
-		again, err := decodeFrames(pack(got).Payload, n)
+		again, err := Unpack(pack(got))
 		require.NoError(t, err)
 		requireSameEvents(t, got, again)
 	})

@@ -71,7 +71,10 @@ func PublishTx(tx *Tx, destTopic string, msgs ...*message.Message) error {
 	}
 	for chunk := range slices.Chunk(msgs, MaxEventsPerRow) {
 		batch := pack(chunk)
-		fwd := forwarder.NewPublisher(rowMetadata{pub, batch.Metadata}, forwarder.PublisherConfig{ForwarderTopic: ForwarderTopic})
+		// The row's metadata column counts its events (the shared trace
+		// headers are in the envelope's metadata only).
+		row := message.Metadata{EventsMetadataKey: batch.Metadata.Get(EventsMetadataKey)}
+		fwd := forwarder.NewPublisher(rowMetadata{pub, row}, forwarder.PublisherConfig{ForwarderTopic: ForwarderTopic})
 		if err := fwd.Publish(destTopic, batch); err != nil {
 			return fmt.Errorf("write outbox: %w", err)
 		}

@@ -203,9 +203,9 @@ type mergedRows struct {
 
 // merge joins the events of a group's envelopes (payloads, a JSON array of
 // them, one per offset) into one batch payload in the framed layout: a framed
-// row's frames as they are, the events of a row of the JSON layout or of one
-// event written before batches as new frames. A row it cannot read is an
-// *unreadableRow.
+// row's frames as they are, the events of a framed row with shared trace
+// headers, of a row of the JSON layout or of one event written before
+// batches as new frames. A row it cannot read is an *unreadableRow.
 func merge(payloads []byte, offsets []string) (mergedRows, error) {
 	var rows []json.RawMessage
 	if err := json.Unmarshal(payloads, &rows); err != nil {
@@ -234,7 +234,7 @@ func merge(payloads []byte, offsets []string) (mergedRows, error) {
 // many.
 func (m *mergedRows) add(env envelope) (int, error) {
 	if env.Metadata.Get(EventsMetadataKey) == "" {
-		m.batch = appendFrame(m.batch, &message.Message{UUID: env.UUID, Payload: env.Payload, Metadata: env.Metadata})
+		m.batch = appendFrame(m.batch, &message.Message{UUID: env.UUID, Payload: env.Payload, Metadata: env.Metadata}, nil)
 		return 1, nil
 	}
 	want, err := strconv.Atoi(env.Metadata.Get(EventsMetadataKey))
@@ -242,19 +242,28 @@ func (m *mergedRows) add(env envelope) (int, error) {
 		return 0, fmt.Errorf("events announced: %w", err)
 	}
 	var n int
-	if isFramed(env.Payload) {
+	switch shared := sharedOf(env.Metadata); {
+	case isFramed(env.Payload) && shared == nil:
 		frames := env.Payload[len(framesMagic):]
 		if n, err = countFrames(frames); err != nil {
 			return 0, err
 		}
 		m.batch = append(m.batch, frames...)
-	} else {
+	case isFramed(env.Payload):
+		// The merged batch's other rows do not share these trace headers:
+		// each of this row's events gets them back in its frame.
+		if n, err = walkFrames(env.Payload[len(framesMagic):], shared, func(e *message.Message) {
+			m.batch = appendFrame(m.batch, e, nil)
+		}); err != nil {
+			return 0, err
+		}
+	default:
 		var evs []packedEvent
 		if err := json.Unmarshal(env.Payload, &evs); err != nil {
 			return 0, err
 		}
 		for _, e := range evs {
-			m.batch = appendFrame(m.batch, &message.Message{UUID: e.UUID, Payload: e.Payload, Metadata: e.Metadata})
+			m.batch = appendFrame(m.batch, &message.Message{UUID: e.UUID, Payload: e.Payload, Metadata: e.Metadata}, nil)
 		}
 		n = len(evs)
 	}

@@ -36,9 +36,9 @@ type KeepKeyMarshaler struct {
 	Fallback kafka.GeneratePartitionKey
 }
 
-// Marshal is the default marshaling with the original key.
+// Marshal is DefaultMarshaler's record (marshalRecord) with the original key.
 func (m KeepKeyMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	out, err := m.DefaultMarshaler.Marshal(topic, msg)
+	out, err := marshalRecord(topic, msg)
 	if err != nil {
 		return nil, err
 	}
