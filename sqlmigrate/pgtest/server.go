@@ -42,6 +42,7 @@ type Server struct {
 
 	owner                 serviceUser
 	bindir, data, logFile string
+	conninfo              string // a standby's primary_conninfo (StartStandby)
 }
 
 // URL is the server's postgres database URL with the given query, e.g.
@@ -85,32 +86,39 @@ func StartServer(t testing.TB, opts ServerOptions) *Server {
 	}
 	hba := opts.HBA
 	if hba == nil {
-		hba = []string{"local all all trust", "host all all 127.0.0.1/32 trust"}
+		hba = []string{"local all all trust", "host all all 127.0.0.1/32 trust",
+			"local replication all trust", "host replication all 127.0.0.1/32 trust"}
 	}
 	owner.writeFile(t, filepath.Join(data, "pg_hba.conf"), []byte(strings.Join(hba, "\n")+"\n"))
 	for k, v := range opts.Settings {
 		settings[k] = v
 	}
 
-	logFile := filepath.Join(dir, "postgresql.log")
-	s.logFile = logFile
+	s.logFile = filepath.Join(dir, "postgresql.log")
+	s.start(t, settings)
+	return s
+}
+
+// start starts the server on a free port with settings (its port added), and
+// stops it at cleanup.
+func (s *Server) start(t testing.TB, settings map[string]string) {
+	t.Helper()
 	var lastErr error
 	for range 3 { // a free port can be taken between picking and binding it
 		s.Port = FreePort(t)
 		settings["port"] = strconv.Itoa(s.Port)
-		out, err := owner.command(dir, filepath.Join(bindir, "pg_ctl"), "-D", data, "-w", "-t", "60", "-l", logFile,
+		out, err := s.owner.command(s.Dir, filepath.Join(s.bindir, "pg_ctl"), "-D", s.data, "-w", "-t", "60", "-l", s.logFile,
 			"-o", serverOptions(settings), "start").CombinedOutput()
 		if err == nil {
 			t.Cleanup(func() {
-				_ = owner.command(dir, filepath.Join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop").Run()
+				_ = s.owner.command(s.Dir, filepath.Join(s.bindir, "pg_ctl"), "-D", s.data, "-m", "immediate", "-w", "stop").Run()
 			})
-			return s
+			return
 		}
-		log, _ := os.ReadFile(logFile)
+		log, _ := os.ReadFile(s.logFile)
 		lastErr = fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
 	}
 	t.Fatal(lastErr)
-	return nil
 }
 
 // Crash stops the server as a crash would (an immediate shutdown: no
