@@ -44,6 +44,9 @@ type env struct {
 	kafkaProxies    []*nettest.Proxy
 	pgProxy         *nettest.Proxy
 	kafkaVia, pgVia map[string]bool
+	// pair is the scenario's own primary and standby (scenario.replicated),
+	// nil on the stack's server.
+	pair *pgPair
 
 	// started is when the scenario's processes were started: the window of
 	// its Prometheus checks begins there.
@@ -81,16 +84,24 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 		kafkaVia: set(sc.kafkaVia), pgVia: set(sc.pgVia),
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
 		replay: "pin.catalog.promotion-boost-replay.faults-" + sfx, group: "pin-catalog-promotion-boost-faults-" + sfx}
-	admin, err := sqlx.Open("postgres", s.dbBase)
+	name := "faults_" + sfx
+	base := s.dbBase
+	if sc.replicated != "" {
+		e.pair = startPair(t, sc.replicated)
+		base = e.pair.primary.URL("sslmode=disable")
+	}
+	admin, err := sqlx.Open("postgres", base)
 	must(t, err)
 	defer admin.Close()
-	name := "faults_" + sfx
 	_, err = admin.Exec(`CREATE DATABASE ` + name)
 	must(t, err)
-	u, err := url.Parse(s.dbBase)
+	u, err := url.Parse(base)
 	must(t, err)
 	u.Path = "/" + name
 	e.dbURL = u.String()
+	if e.pair != nil && len(e.pgVia) == 0 {
+		e.dbURL = e.pair.dsn(name)
+	}
 	e.db, err = sqlx.Open("postgres", e.dbURL)
 	must(t, err)
 	e.db.SetMaxOpenConns(10)
@@ -100,7 +111,7 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 			p.Close()
 		}
 		e.db.Close()
-		if !t.Failed() {
+		if !t.Failed() && e.pair == nil {
 			if a, err := sqlx.Open("postgres", s.dbBase); err == nil {
 				_, _ = a.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
 				a.Close()
@@ -119,6 +130,15 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 		e.tenants = append(e.tenants, tenant{token: fmt.Sprintf("token-%d-%s", i, sfx), id: uuid.New()})
 	}
 	e.startProxies(u)
+	if e.pair != nil && e.pgProxy != nil {
+		// The checker, too, reaches the database at the address the
+		// scenario moves.
+		e.dbURL = e.dbFor("*")
+		e.db.Close()
+		e.db, err = sqlx.Open("postgres", e.dbURL)
+		must(t, err)
+		e.db.SetMaxOpenConns(10)
+	}
 	for i := range sc.promotions {
 		e.promotions = append(e.promotions, newProc(t, s, "promotion", i+1, e.promotionArgs))
 	}
