@@ -31,6 +31,8 @@ type env struct {
 	ctx   context.Context
 	dbURL string
 	db    *sqlx.DB
+	// dbName is the scenario's database on its server.
+	dbName string
 
 	topic, dlq, replay, group string
 	tenants                   []tenant
@@ -62,6 +64,10 @@ type env struct {
 	// malformed are the keys of the records a scenario wrote to break the
 	// contract on purpose: the checker leaves out those records, and only those.
 	malformed map[string]bool
+	// lost and reconciled: the checker's evidence of the same names.
+	lost, reconciled map[uuid.UUID]bool
+	// promotionFlags: the scenario's.
+	promotionFlags []string
 }
 
 type tenant struct {
@@ -81,10 +87,12 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	t.Helper()
 	sfx := suffix()
 	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx, created: map[uuid.UUID]bool{}, malformed: map[string]bool{},
+		lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{}, promotionFlags: sc.promotionFlags,
 		kafkaVia: set(sc.kafkaVia), pgVia: set(sc.pgVia),
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
 		replay: "pin.catalog.promotion-boost-replay.faults-" + sfx, group: "pin-catalog-promotion-boost-faults-" + sfx}
 	name := "faults_" + sfx
+	e.dbName = name
 	base := s.dbBase
 	if sc.replicated != "" {
 		e.pair = startPair(t, sc.replicated)
@@ -164,9 +172,10 @@ func (e *env) promotionArgs(name string) []string {
 	for i, tn := range e.tenants {
 		tokens[i] = tn.token + "=" + tn.id.String()
 	}
-	return []string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic,
+	return append([]string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic,
 		// The production schedule (60s interval, 30s most per cycle) at the alert rules' time scale.
-		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"}
+		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"},
+		e.promotionFlags...)
 }
 
 func (e *env) catalogArgs(name string) []string {

@@ -20,12 +20,15 @@ const (
 	synchronous replication = "sync"
 	// asynchronous: the standby trails the primary.
 	asynchronous replication = "async"
+	// single: a server of the scenario's own, with no standby.
+	single replication = "single"
 )
 
 // standbyName is the standby's application_name.
 const standbyName = "s1"
 
-// pgPair is a scenario's own PostgreSQL primary and streaming standby. The
+// pgPair is a scenario's own PostgreSQL primary and streaming standby (none
+// when single). The
 // processes reach them by a multi-host DSN that picks whichever accepts
 // writes (target_session_attrs=read-write), so a promoted standby is found
 // without a restart.
@@ -39,6 +42,9 @@ func startPair(t *testing.T, mode replication) *pgPair {
 	t.Helper()
 	p := &pgPair{primary: pgtest.StartServer(t, pgtest.ServerOptions{Settings: map[string]string{
 		"synchronous_commit": "on", "max_connections": "200"}})}
+	if mode == single {
+		return p
+	}
 	p.standby = p.primary.StartStandby(t, standbyName)
 	if mode == synchronous {
 		// After the base backup: the standby, once promoted, does not wait

@@ -28,6 +28,8 @@ type scenario struct {
 	// replicated gives the scenario a PostgreSQL primary and standby of its
 	// own instead of the stack's server (replicated_test.go).
 	replicated replication
+	// promotionFlags are more command-line flags of the promotion processes.
+	promotionFlags []string
 }
 
 var scenarios = []scenario{
