@@ -45,16 +45,23 @@ type sent struct {
 func StartRelay(t testing.TB, db *sqlx.DB) *Relay {
 	t.Helper()
 	r := &Relay{db: db, topic: kafkatest.Topic(t, 1), sent: map[string]sent{}}
+	RunPromotion(t, db, r.topic)
+	return r
+}
+
+// RunPromotion runs a promotion router (its expirer idle) on db, relaying
+// its outbox to topic, until the test ends or the returned stop.
+func RunPromotion(t testing.TB, db *sqlx.DB, topic string) (stop func()) {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	exp, err := expire.New(db, expire.Config{Interval: time.Hour, Topic: r.topic}, log)
+	exp, err := expire.New(db, expire.Config{Interval: time.Hour, Topic: topic}, log)
 	require.NoError(t, err)
 	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	p, err := router.NewPromotion(db, exp, m, log, router.PromotionConfig{Kafka: kafkatest.Cluster(t),
 		OutboxPollInterval: 20 * time.Millisecond, JanitorInterval: 200 * time.Millisecond})
 	require.NoError(t, err)
-	RunUntilCleanup(t, p.Run, p.Router.IsRunning)
-	return r
+	return RunUntilCleanup(t, p.Run, p.Router.IsRunning)
 }
 
 // Send writes a new purchase's event into the outbox in a transaction of
