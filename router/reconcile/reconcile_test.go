@@ -16,6 +16,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
 	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/router/reconcile"
@@ -38,7 +39,7 @@ func TestReconcile_RepairsPhantomsAfterFailover(t *testing.T) {
 	primary := pgtest.Open(t, primaryURL)
 	c := catalogtest.New(t, true)
 	c.Start(t)
-	stopRelay := catalogtest.RunPromotion(t, primary, c.Cfg.Topic)
+	stopRelay := catalogtest.RunPromotion(t, primary, c.Cfg.Topic, router.PromotionConfig{})
 	svc := purchasetest.NewService(t, primary, c.Cfg.Topic)
 	cards := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
 	for _, id := range cards {
@@ -71,7 +72,7 @@ func TestReconcile_RepairsPhantomsAfterFailover(t *testing.T) {
 	u, err := url.Parse(primaryURL)
 	require.NoError(t, err)
 	promoted := standby.OpenDatabase(t, strings.TrimPrefix(u.Path, "/"))
-	catalogtest.RunPromotion(t, promoted, c.Cfg.Topic)
+	catalogtest.RunPromotion(t, promoted, c.Cfg.Topic, router.PromotionConfig{})
 	cfg := reconcile.Config{DB: promoted, Kafka: kafkatest.Cluster(t), Topic: c.Cfg.Topic, Log: slog.New(slog.DiscardHandler)}
 	rep, err := reconcile.Run(t.Context(), cfg)
 	require.NoError(t, err)
