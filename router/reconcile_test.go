@@ -1,4 +1,4 @@
-package reconcile_test
+package router_test
 
 import (
 	"context"
