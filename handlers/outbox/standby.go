@@ -139,6 +139,9 @@ func (f *StandbyFlush) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return h(msg)
 		}
 		if err := f.wait(msg.Context()); err != nil {
+			if msg.Context().Err() != nil && !errors.Is(msg.Context().Err(), context.DeadlineExceeded) {
+				return nil, err // a shutdown, not a standby behind
+			}
 			f.setHeld(true, err)
 			if _, ok := msg.Context().Deadline(); ok {
 				// Held to the deadline, so that the transaction ends and the

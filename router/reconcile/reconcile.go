@@ -182,7 +182,10 @@ func readNewest(ctx context.Context, cfg Config, rep *Report) (map[uuid.UUID]eve
 			return nil
 		}
 		mu.Lock()
-		if cur, ok := newest[ev.PurchaseId]; !ok || ev.Version > cur.Version {
+		// At equal versions the later record wins: a partition is read in
+		// offset order, and the relay of the new primary may have published
+		// its own transition at a version a phantom took.
+		if cur, ok := newest[ev.PurchaseId]; !ok || ev.Version >= cur.Version {
 			newest[ev.PurchaseId] = ev
 		}
 		mu.Unlock()
