@@ -73,6 +73,9 @@ type Report struct {
 // Found is the number of phantoms the run found.
 func (r Report) Found() int { return len(r.Missing) + len(r.Behind) }
 
+// ErrReadOnly is a run that would repair on a standby, which refuses writes.
+var ErrReadOnly = errors.New("the database is a standby in recovery (read-only): run reconcile against the primary, or with --dry-run")
+
 // versionChunk is how many purchases one read of the database compares.
 const versionChunk = 1000
 
@@ -97,6 +100,15 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	var rep Report
 	if err := cfg.Validate(); err != nil {
 		return rep, err
+	}
+	if !cfg.DryRun {
+		var standby bool
+		if err := cfg.DB.GetContext(ctx, &standby, `SELECT pg_is_in_recovery()`); err != nil {
+			return rep, fmt.Errorf("check the database is writable: %w", err)
+		}
+		if standby {
+			return rep, ErrReadOnly
+		}
 	}
 	newest, err := readNewest(ctx, cfg, &rep)
 	if err != nil {
