@@ -152,8 +152,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			continue // changed since the comparison: the database is ahead now
 		}
 		rep.Repaired++
-		args := []any{"PurchaseId", id, "kind", r.Kind, "topicVersion", r.TopicVersion, "version", r.Purchase.Version,
-			"status", r.Purchase.Status, "runId", runID}
+		args := []any{"PurchaseId", id, "kind", r.Kind, "topicVersion", r.TopicVersion, "Version", r.Purchase.Version,
+			"Status", r.Purchase.Status, "runId", runID}
 		if r.Kind == purchase.PhantomMissing {
 			args = append(args, "reason", purchase.MissingReason)
 		}
