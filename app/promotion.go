@@ -47,13 +47,15 @@ func (c *promotionConfig) register(s *settings) {
 		"most time one publish of the relay waits for Kafka; then the relay cuts that producer off and lets another process take the outbox position")
 	s.dur(&c.Relay.RelayPosition.Lease, "relay-position-lease", "RELAY_POSITION_LEASE", outbox.PositionLeaseDefault,
 		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads")
+	s.dur(&c.Relay.TopicCheckInterval, "relay-topic-check-interval", "RELAY_TOPIC_CHECK_INTERVAL", outbox.TopicCheckIntervalDefault,
+		"time between the relay's checks of the purchase topic (exists, pinned partition count, compacted); the relay publishes nothing while one fails")
 	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }
 
 // wire fills in what the components share: the topic, the brokers, the retention.
 func (c *promotionConfig) wire() {
-	c.Expire.Topic, c.Purchases.Topic = c.Topic, c.Topic
+	c.Expire.Topic, c.Purchases.Topic, c.Relay.Topic = c.Topic, c.Topic, c.Topic
 	c.Relay.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	c.Relay.IdempotencyRetention = c.Purchases.IdempotencyRetention
 }

@@ -44,6 +44,10 @@ func (c Cluster) ClientConfig(clientID string) *sarama.Config {
 
 // DurableProducerConfig is a Sarama producer that does not lose an acknowledged
 // event: acks=all, idempotent, one request in flight so retries keep order.
+// It never creates a topic: a topic deleted under it would come back with the
+// broker's defaults (one partition, cleanup.policy=delete) if the broker
+// allows auto-creation, so a publish to a missing topic fails instead
+// (sarama.ErrUnknownTopicOrPartition).
 func (c Cluster) DurableProducerConfig(clientID string) *sarama.Config {
 	sc := c.ClientConfig(clientID)
 	sc.Producer.RequiredAcks = sarama.WaitForAll
@@ -53,5 +57,6 @@ func (c Cluster) DurableProducerConfig(clientID string) *sarama.Config {
 	sc.Producer.Retry.Max = 10
 	sc.Producer.Retry.Backoff = 250 * time.Millisecond
 	sc.Metadata.Retry.Backoff = time.Second
+	sc.Metadata.AllowAutoTopicCreation = false
 	return sc
 }

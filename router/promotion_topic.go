@@ -1,0 +1,69 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/router/kafkakit"
+)
+
+// topicRunbook is where an operator learns what to do with a purchase topic
+// that is missing or changed.
+const topicRunbook = "docs/runbooks/purchase-topic-changed.md"
+
+// newTopicGuard guards the relay's purchase topic (outbox.TopicGuard):
+// the metrics and the log say why the relay publishes nothing; nil when the
+// relay has no topic to guard.
+func newTopicGuard(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, cfg PromotionConfig) (*outbox.TopicGuard, error) {
+	if cfg.Topic == "" {
+		return nil, nil
+	}
+	return outbox.NewTopicGuard(outbox.TopicGuardConfig{
+		Topic: cfg.Topic, DB: db, Interval: cfg.TopicCheckInterval,
+		Describe: func(ctx context.Context) (outbox.TopicShape, error) { return DescribeTopic(ctx, cfg.Kafka, cfg.Topic) },
+		OnChange: func(verdict error, pinned int32) {
+			var changed *outbox.TopicChangedError
+			m.OutboxTopicMissing.Set(boolGauge(errors.Is(verdict, outbox.ErrTopicMissing)))
+			m.OutboxTopicChanged.Set(boolGauge(errors.As(verdict, &changed)))
+			switch {
+			case errors.Is(verdict, outbox.ErrTopicMissing):
+				log.Error("purchase topic does not exist: the relay publishes nothing and keeps every event in the outbox until it is back; "+
+					"create it again compacted with its pinned partition count, never let a client create it with the broker's defaults",
+					"topic", cfg.Topic, "pinnedPartitions", pinned, "runbook", topicRunbook)
+			case changed != nil:
+				log.Error("purchase topic is not as pinned: the relay publishes nothing until it is; "+
+					"never add partitions in place: move to a new topic and rebuild the catalog",
+					"topic", cfg.Topic, "pinnedPartitions", changed.Pinned, "partitions", changed.Partitions,
+					"cleanupPolicy", changed.CleanupPolicy, "runbook", topicRunbook)
+			case verdict == nil:
+				log.Info("purchase topic is as pinned: the relay publishes", "topic", cfg.Topic, "pinnedPartitions", pinned)
+			}
+		},
+	})
+}
+
+// DescribeTopic is a topic as the cluster has it now, read without creating
+// it, in the shape the relay's guard and `promoflow status` judge.
+func DescribeTopic(ctx context.Context, cluster kafkakit.Cluster, topic string) (outbox.TopicShape, error) {
+	st, err := cluster.DescribeTopic(ctx, topic)
+	if errors.Is(err, kafkakit.ErrTopicMissing) {
+		return outbox.TopicShape{Missing: true}, nil
+	}
+	if err != nil {
+		return outbox.TopicShape{}, err
+	}
+	return outbox.TopicShape{Partitions: st.Partitions, CleanupPolicy: strings.Join(st.Policies, ","),
+		Compacted: kafkakit.OnlyCompacted(st.Policies)}, nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
