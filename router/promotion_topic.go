@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/outbox"
-	"github.com/promoflow/promoflow/router/kafkakit"
 )
 
 // topicRunbook is where an operator learns what to do with a purchase topic
@@ -25,7 +23,10 @@ func newTopicGuard(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, cfg Promo
 	}
 	return outbox.NewTopicGuard(outbox.TopicGuardConfig{
 		Topic: cfg.Topic, DB: db, Interval: cfg.TopicCheckInterval,
-		Describe: func(ctx context.Context) (outbox.TopicShape, error) { return DescribeTopic(ctx, cfg.Kafka, cfg.Topic) },
+		Describe: func(ctx context.Context) (outbox.TopicShape, error) {
+			st, err := cfg.Kafka.DescribeTopic(ctx, cfg.Topic)
+			return outbox.TopicShape(st), err
+		},
 		OnChange: func(verdict error, pinned int32) {
 			var changed *outbox.TopicChangedError
 			m.OutboxTopicMissing.Set(boolGauge(errors.Is(verdict, outbox.ErrTopicMissing)))
@@ -45,20 +46,6 @@ func newTopicGuard(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, cfg Promo
 			}
 		},
 	})
-}
-
-// DescribeTopic is a topic as the cluster has it now, read without creating
-// it, in the shape the relay's guard and `promoflow status` judge.
-func DescribeTopic(ctx context.Context, cluster kafkakit.Cluster, topic string) (outbox.TopicShape, error) {
-	st, err := cluster.DescribeTopic(ctx, topic)
-	if errors.Is(err, kafkakit.ErrTopicMissing) {
-		return outbox.TopicShape{Missing: true}, nil
-	}
-	if err != nil {
-		return outbox.TopicShape{}, err
-	}
-	return outbox.TopicShape{Partitions: st.Partitions, CleanupPolicy: strings.Join(st.Policies, ","),
-		Compacted: kafkakit.OnlyCompacted(st.Policies)}, nil
 }
 
 func boolGauge(b bool) float64 {

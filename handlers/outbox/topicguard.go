@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,17 +66,22 @@ const TopicCheckIntervalDefault = 30 * time.Second
 // relay: the relay resumes within it once the topic is right again.
 const topicRecheckMax = 2 * time.Second
 
-// TopicShape is a topic as the cluster has it now.
+// TopicShape is a topic as the cluster has it now (the fields of
+// kafkakit.TopicState, which converts to it).
 type TopicShape struct {
 	// Missing is set when the cluster has no such topic.
 	Missing bool
 	// Partitions is its partition count.
 	Partitions int32
-	// CleanupPolicy is its cleanup.policy, such as "compact".
-	CleanupPolicy string
-	// Compacted is set when its records leave only when a newer record of
-	// their key replaces them.
-	Compacted bool
+	// Policies is its cleanup.policy, such as ["compact"].
+	Policies []string
+}
+
+// compacted reports whether a record leaves only when a newer record of its
+// key replaces it: "compact" without "delete", which would drop it after the
+// retention too.
+func (s TopicShape) compacted() bool {
+	return slices.Contains(s.Policies, "compact") && !slices.Contains(s.Policies, "delete")
 }
 
 // ErrTopicMissing is a topic the cluster does not have.
@@ -104,8 +111,8 @@ func JudgeTopic(topic string, shape TopicShape, pinned int32) error {
 	switch {
 	case shape.Missing:
 		return fmt.Errorf("topic %s: %w", topic, ErrTopicMissing)
-	case shape.Partitions != pinned || !shape.Compacted:
-		return &TopicChangedError{Topic: topic, Pinned: pinned, Partitions: shape.Partitions, CleanupPolicy: shape.CleanupPolicy}
+	case shape.Partitions != pinned || !shape.compacted():
+		return &TopicChangedError{Topic: topic, Pinned: pinned, Partitions: shape.Partitions, CleanupPolicy: strings.Join(shape.Policies, ",")}
 	}
 	return nil
 }

@@ -8,21 +8,19 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// ErrTopicMissing is a topic that the cluster does not have.
-var ErrTopicMissing = errors.New("the topic does not exist")
-
 // TopicState is a topic as the cluster has it now.
 type TopicState struct {
+	// Missing is set when the cluster has no such topic.
+	Missing bool
 	// Partitions is its partition count.
 	Partitions int32
 	// Policies is its cleanup.policy, e.g. ["compact"].
 	Policies []string
 }
 
-// DescribeTopic reads a topic's partition count and cleanup policy, never
-// creating it (an admin metadata request does not ask the broker to): an
-// error wrapping ErrTopicMissing when the cluster has no such topic. It
-// answers within ProbeTimeout, or when ctx ends.
+// DescribeTopic reads a topic's partition count and cleanup policy, or that
+// it is missing, never creating it (an admin metadata request does not ask
+// the broker to). It answers within ProbeTimeout, or when ctx ends.
 func (c Cluster) DescribeTopic(ctx context.Context, topic string) (TopicState, error) {
 	var st TopicState
 	err := c.within(ctx, func(string) error {
@@ -55,13 +53,13 @@ func (c Cluster) describeTopic(topic string) (TopicState, error) {
 	switch meta[0].Err {
 	case sarama.ErrNoError:
 	case sarama.ErrUnknownTopicOrPartition:
-		return TopicState{}, fmt.Errorf("topic %s: %w", topic, ErrTopicMissing)
+		return TopicState{Missing: true}, nil
 	default:
 		return TopicState{}, fmt.Errorf("describe topic %s: %w", topic, meta[0].Err)
 	}
 	policies, err := CleanupPolicies(admin, topic)
-	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return TopicState{}, fmt.Errorf("topic %s: %w", topic, ErrTopicMissing)
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) { // deleted since
+		return TopicState{Missing: true}, nil
 	}
 	if err != nil {
 		return TopicState{}, err

@@ -3,10 +3,10 @@ package status
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/promoflow/promoflow/handlers/outbox"
-	"github.com/promoflow/promoflow/router"
 )
 
 // Outbox is the relay's part.
@@ -94,11 +94,12 @@ func (r *Reader) purchaseTopic(ctx context.Context) (PurchaseTopic, error) {
 	if err != nil {
 		return t, err
 	}
-	shape, err := router.DescribeTopic(ctx, r.cfg.Kafka, r.cfg.Topic)
+	st, err := r.cfg.Kafka.DescribeTopic(ctx, r.cfg.Topic)
 	if err != nil {
 		return t, err
 	}
-	t.Missing, t.Partitions, t.CleanupPolicy, t.PinnedPartitions = shape.Missing, shape.Partitions, shape.CleanupPolicy, pinned
+	shape := outbox.TopicShape(st)
+	t.Missing, t.Partitions, t.CleanupPolicy, t.PinnedPartitions = st.Missing, st.Partitions, strings.Join(st.Policies, ","), pinned
 	if !ok && !shape.Missing {
 		pinned = shape.Partitions // the first relay to see it pins this count
 	}
