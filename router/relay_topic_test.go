@@ -12,8 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
+	"github.com/promoflow/promoflow/handlers/purchase"
+	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
 	"github.com/promoflow/promoflow/router"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit"
@@ -142,4 +145,43 @@ func TestRelay_StopsWhenPartitionsWereAdded(t *testing.T) {
 		}
 		partitionOf[key] = r.Partition
 	}
+}
+
+// TestRepublish_FillsANewPurchaseTopicWithEveryPurchase: a relay on a new
+// purchase topic publishes what purchase.Republish writes: one record per
+// purchase, of its current Version, keyed by its id, in the partition the
+// pinned hash gives it.
+func TestRepublish_FillsANewPurchaseTopicWithEveryPurchase(t *testing.T) {
+	b := setupCompactedPromotion(t, 3)
+	ids := purchasetest.SeedActive(t, b.db, 25, time.Now().Add(time.Hour))
+	var tenant uuid.UUID
+	require.NoError(t, b.db.Get(&tenant, `SELECT tenant_id FROM promotion.promotion_purchases WHERE id = $1`, ids[0]))
+	_, err := purchasetest.NewService(t, b.db, b.topic).Cancel(t.Context(), tenant, ids[0], "test")
+	require.NoError(t, err)
+	b.startRouter(t, router.PromotionConfig{Topic: b.topic, TopicCheckInterval: 200 * time.Millisecond},
+		expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+
+	var batches int
+	n, err := purchase.Republish(t.Context(), b.db, purchase.RepublishConfig{Topic: b.topic, BatchSize: 10},
+		func(int, uuid.UUID) { batches++ })
+	require.NoError(t, err)
+	require.Equal(t, len(ids), n)
+	require.Equal(t, 3, batches)
+
+	// The cancel's own event, then one republished event per purchase.
+	records := kafkatest.ReadTopic(t, b.topic, time.Minute, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(ids)+1 })
+	latest := map[string]int64{}
+	hash := sarama.NewHashPartitioner(b.topic)
+	for _, r := range records {
+		ev, err := event.Parse(r.Value)
+		require.NoError(t, err)
+		require.Equal(t, ev.PurchaseId.String(), string(r.Key))
+		want, err := hash.Partition(&sarama.ProducerMessage{Key: sarama.ByteEncoder(r.Key)}, 3)
+		require.NoError(t, err)
+		require.Equal(t, want, r.Partition, "purchase %s", ev.PurchaseId)
+		require.GreaterOrEqual(t, ev.Version, latest[string(r.Key)], "purchase %s went back a version", ev.PurchaseId)
+		latest[string(r.Key)] = ev.Version
+	}
+	require.Len(t, latest, len(ids))
+	require.EqualValues(t, 2, latest[ids[0].String()], "the cancelled purchase is republished cancelled")
 }

@@ -36,7 +36,7 @@ type TopicGuard struct {
 
 	checking sync.Mutex // one check at a time, so verdicts change in order
 	mu       sync.Mutex
-	pinned   int32
+	pins     map[string]int32 // of every topic, for rows that name another
 	verdict  error
 
 	wake chan struct{}
@@ -159,15 +159,15 @@ func (g *TopicGuard) Blocked() error {
 	return g.verdict
 }
 
-// Pinned is the partition count to hash topic's keys over: the pinned one
-// for the guarded topic once checked, else 0 (the topic's current count).
+// Pinned is the partition count to hash topic's keys over: its pinned one
+// as of the last check, else 0 (the topic's current count). Any topic's: an
+// outbox row names its topic when it is written, so rows written before the
+// purchase topic was moved to a new one still go to the old one, and keep
+// their keys' partitions there.
 func (g *TopicGuard) Pinned(topic string) int32 {
-	if topic != g.cfg.Topic {
-		return 0
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.pinned
+	return g.pins[topic]
 }
 
 // Wake asks for a check now; it does not wait for it.
@@ -200,10 +200,14 @@ func (g *TopicGuard) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	pins, err := Pins(ctx, g.cfg.DB)
+	if err != nil {
+		return err
+	}
 	verdict := JudgeTopic(g.cfg.Topic, shape, pinned)
 	g.mu.Lock()
 	changed := !sameVerdict(g.verdict, verdict)
-	g.pinned, g.verdict = pinned, verdict
+	g.pins, g.verdict = pins, verdict
 	g.mu.Unlock()
 	if changed && g.cfg.OnChange != nil {
 		g.cfg.OnChange(verdict, pinned)

@@ -44,3 +44,19 @@ func PinnedPartitions(ctx context.Context, db sqlx.QueryerContext, topic string)
 	}
 	return pinned, true, nil
 }
+
+// Pins are the pinned partition counts of every topic, by topic.
+func Pins(ctx context.Context, db sqlx.QueryerContext) (map[string]int32, error) {
+	var rows []struct {
+		Topic      string `db:"topic"`
+		Partitions int32  `db:"partitions"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &rows, `SELECT topic, partitions FROM `+TopicPinsTable); err != nil {
+		return nil, fmt.Errorf("read the pinned partitions: %w", err)
+	}
+	out := make(map[string]int32, len(rows))
+	for _, r := range rows {
+		out[r.Topic] = r.Partitions
+	}
+	return out, nil
+}
