@@ -27,6 +27,16 @@ func newTopicGuard(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, cfg Promo
 			st, err := cfg.Kafka.DescribeTopic(ctx, cfg.Topic)
 			return outbox.TopicShape(st), err
 		},
+		OnError: func(err error, holding bool) {
+			if holding {
+				// Said at each check (every 2 s): a relay that cannot check
+				// its topic publishes nothing.
+				log.Warn("purchase topic check failed: the relay publishes nothing until one succeeds",
+					"topic", cfg.Topic, "error", err.Error(), "runbook", topicRunbook)
+				return
+			}
+			log.Debug("purchase topic check failed; the last verdict stands", "topic", cfg.Topic, "error", err.Error())
+		},
 		OnChange: func(verdict error, pinned int32) {
 			var changed *outbox.TopicChangedError
 			m.OutboxTopicMissing.Set(boolGauge(errors.Is(verdict, outbox.ErrTopicMissing)))

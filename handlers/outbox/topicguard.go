@@ -57,6 +57,10 @@ type TopicGuardConfig struct {
 	// OnChange is told each new verdict: nil once the topic is as pinned,
 	// ErrTopicMissing, or a *TopicChangedError. Optional.
 	OnChange func(verdict error, pinned int32)
+	// OnError is told each check that could not read the topic or its pin,
+	// and whether the relay is held meanwhile (the verdict stays as it
+	// was: before a first good check, it holds). Optional.
+	OnError func(err error, holding bool)
 }
 
 // TopicCheckIntervalDefault is TopicGuardConfig.Interval's default.
@@ -184,12 +188,25 @@ func (g *TopicGuard) Wake() {
 func (g *TopicGuard) Check(ctx context.Context) error {
 	g.checking.Lock()
 	defer g.checking.Unlock()
+	verdict, err := g.check(ctx)
+	if err != nil {
+		err = fmt.Errorf("check topic %s: %w", g.cfg.Topic, err)
+		if g.cfg.OnError != nil && ctx.Err() == nil {
+			g.cfg.OnError(err, g.Blocked() != nil)
+		}
+		return err
+	}
+	return verdict
+}
+
+// check judges the topic and records the verdict; err is a check that
+// could not read the topic or its pin.
+func (g *TopicGuard) check(ctx context.Context) (verdict, err error) {
 	shape, err := g.cfg.Describe(ctx)
 	if err != nil {
-		return fmt.Errorf("check topic %s: %w", g.cfg.Topic, err)
+		return nil, err
 	}
-	// Read each time, so that a pin an operator changed
-	// (docs/runbooks/purchase-topic-changed.md) holds within an interval.
+	// Read each time: the pin is the database's, whichever process wrote it.
 	var pinned int32
 	if shape.Missing {
 		pinned, _, err = PinnedPartitions(ctx, g.cfg.DB, g.cfg.Topic)
@@ -198,13 +215,13 @@ func (g *TopicGuard) Check(ctx context.Context) error {
 		pinned, err = PinPartitions(ctx, g.cfg.DB, g.cfg.Topic, shape.Partitions)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pins, err := Pins(ctx, g.cfg.DB)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	verdict := JudgeTopic(g.cfg.Topic, shape, pinned)
+	verdict = JudgeTopic(g.cfg.Topic, shape, pinned)
 	g.mu.Lock()
 	changed := !sameVerdict(g.verdict, verdict)
 	g.pins, g.verdict = pins, verdict
@@ -212,7 +229,7 @@ func (g *TopicGuard) Check(ctx context.Context) error {
 	if changed && g.cfg.OnChange != nil {
 		g.cfg.OnChange(verdict, pinned)
 	}
-	return verdict
+	return verdict, nil
 }
 
 // sameVerdict reports whether two verdicts say the same, so that OnChange

@@ -17,10 +17,15 @@ const TopicPinsTable = "promotion.relay_topic_partitions"
 // one is recorded already, and returns the recorded count: the first count
 // any relay saw stays, whoever sees the topic next.
 func PinPartitions(ctx context.Context, db sqlx.QueryerContext, topic string, partitions int32) (int32, error) {
-	var pinned int32
+	// Read first: a pin recorded already needs no write, so that a relay on
+	// a server that refuses writes still knows it.
+	pinned, ok, err := PinnedPartitions(ctx, db, topic)
+	if err != nil || ok {
+		return pinned, err
+	}
 	// The CTE's SELECT does not see the row its INSERT adds: one of the two
 	// answers, never both.
-	err := sqlx.GetContext(ctx, db, &pinned, `WITH added AS (
+	err = sqlx.GetContext(ctx, db, &pinned, `WITH added AS (
 			INSERT INTO `+TopicPinsTable+` (topic, partitions) VALUES ($1, $2)
 			ON CONFLICT (topic) DO NOTHING RETURNING partitions)
 		SELECT partitions FROM added
