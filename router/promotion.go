@@ -244,26 +244,11 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	if stepCfg.Probe == nil {
 		stepCfg.Probe = cfg.Kafka.Ping
 	}
-	var pinned func(string) int32
-	if topics != nil {
-		p.closers = append(p.closers, func() error { topics.Close(); return nil })
-		probe := stepCfg.Probe
-		stepCfg.Probe = func(ctx context.Context) error {
-			if err := probe(ctx); err != nil {
-				return err
-			}
-			return topics.Check(ctx)
-		}
-		stepCfg.Hold, pinned = topics.Blocked, topics.Pinned
-	}
 	stepCfg.PublishTimeout = cfg.RelayPublishTimeout
 	// A publish refused for the lease lost its position, not Kafka.
 	stepCfg.Excuse = func(err error) bool { return errors.Is(err, kafkakit.ErrLeaseExpired) }
 	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
 		if back {
-			if topics != nil {
-				topics.Wake() // a deleted topic fails a publish first
-			}
 			m.OutboxSteppedBack.Set(1)
 			m.OutboxStepBacks.Inc()
 			log.Warn("relay steps back from the outbox position: publish failed", "pause", pause.String(), "error", cause.Error())
@@ -272,6 +257,8 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		m.OutboxSteppedBack.Set(0)
 		log.Info("relay reaches Kafka again and rejoins the outbox position")
 	}
+	pinned, closeTopics := holdRelayOnTopic(topics, &stepCfg)
+	p.closers = append(p.closers, closeTopics)
 	stepBack, err := outbox.NewStepBack(stepCfg)
 	if err != nil {
 		return err

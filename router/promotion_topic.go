@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -56,6 +57,34 @@ func newTopicGuard(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, cfg Promo
 			}
 		},
 	})
+}
+
+// holdRelayOnTopic makes the topic guard, if any, part of the relay's step
+// back: its verdict holds the relay, the step back's probe checks the topic
+// too, and a step back asks for a check at once (a deleted topic fails a
+// publish before a check sees it). It returns the partition counts the
+// relay's producer hashes over (nil: the topics' own) and the guard's closer.
+func holdRelayOnTopic(topics *outbox.TopicGuard, stepCfg *outbox.StepBackConfig) (pinned func(string) int32, closer func() error) {
+	if topics == nil {
+		return nil, func() error { return nil }
+	}
+	probe, onChange := stepCfg.Probe, stepCfg.OnChange
+	stepCfg.Probe = func(ctx context.Context) error {
+		if err := probe(ctx); err != nil {
+			return err
+		}
+		return topics.Check(ctx)
+	}
+	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
+		if back {
+			topics.Wake()
+		}
+		if onChange != nil {
+			onChange(back, cause, pause)
+		}
+	}
+	stepCfg.Hold = topics.Blocked
+	return topics.Pinned, func() error { topics.Close(); return nil }
 }
 
 func boolGauge(b bool) float64 {

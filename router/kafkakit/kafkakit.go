@@ -33,21 +33,25 @@ func (c Cluster) Validate() error {
 	return nil
 }
 
-// ClientConfig is a Sarama client speaking KafkaVersion with the cluster's security.
+// ClientConfig is a Sarama client speaking KafkaVersion with the cluster's
+// security. It never creates a topic it names: a topic deleted under a
+// client (the relay's producer, the catalog's consumer group) would come
+// back with the broker's defaults (one partition, cleanup.policy=delete)
+// wherever the broker allows auto-creation; a missing topic is an error
+// instead (sarama.ErrUnknownTopicOrPartition).
 func (c Cluster) ClientConfig(clientID string) *sarama.Config {
 	sc := sarama.NewConfig()
 	sc.ClientID = clientID
 	sc.Version = KafkaVersion
+	sc.Metadata.AllowAutoTopicCreation = false
 	c.Security.apply(sc)
 	return sc
 }
 
 // DurableProducerConfig is a Sarama producer that does not lose an acknowledged
 // event: acks=all, idempotent, one request in flight so retries keep order.
-// It never creates a topic: a topic deleted under it would come back with the
-// broker's defaults (one partition, cleanup.policy=delete) if the broker
-// allows auto-creation, so a publish to a missing topic fails instead
-// (sarama.ErrUnknownTopicOrPartition).
+// Like every client of ClientConfig, it never creates a topic: a publish to
+// a missing topic fails.
 func (c Cluster) DurableProducerConfig(clientID string) *sarama.Config {
 	sc := c.ClientConfig(clientID)
 	sc.Producer.RequiredAcks = sarama.WaitForAll
@@ -57,6 +61,5 @@ func (c Cluster) DurableProducerConfig(clientID string) *sarama.Config {
 	sc.Producer.Retry.Max = 10
 	sc.Producer.Retry.Backoff = 250 * time.Millisecond
 	sc.Metadata.Retry.Backoff = time.Second
-	sc.Metadata.AllowAutoTopicCreation = false
 	return sc
 }

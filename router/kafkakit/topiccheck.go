@@ -37,7 +37,6 @@ func (c Cluster) DescribeTopic(ctx context.Context, topic string) (TopicState, e
 func (c Cluster) describeTopic(topic string) (TopicState, error) {
 	sc := c.ClientConfig("promoflow-topic-check")
 	sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = probeIOTimeout, probeIOTimeout, probeIOTimeout
-	sc.Metadata.AllowAutoTopicCreation = false
 	admin, err := sarama.NewClusterAdmin(c.Brokers, sc)
 	if err != nil {
 		return TopicState{}, fmt.Errorf("connect kafka admin: %w", err)
