@@ -97,9 +97,11 @@ var ErrTopicUnchecked = errors.New("the relay's topic was not checked yet")
 // TopicChangedError is a topic whose partition count is not the pinned one,
 // or that is not compacted.
 type TopicChangedError struct {
-	Topic         string
-	Pinned        int32
-	Partitions    int32
+	Topic string
+	// Pinned is the count the relay hashes keys over; Partitions the
+	// topic's now.
+	Pinned, Partitions int32
+	// CleanupPolicy is the topic's cleanup.policy now.
 	CleanupPolicy string
 }
 
