@@ -52,12 +52,16 @@ func outboxBacklog(t *testing.T, b promotionBundle) int64 {
 }
 
 // TestRelay_NeverCreatesADeletedTopic: the purchase topic is deleted under
-// a running relay, and events are written. The relay does not create the
-// topic again with the broker's defaults (it stays missing while the relay
-// polls for seconds), it reports the topic missing and keeps the events in
-// the outbox; once the topic is created again as it was, it publishes them.
+// a running relay and a running catalog consumer, and events are written.
+// Neither creates the topic again with the broker's defaults (it stays
+// missing while the relay polls for seconds); the relay reports the topic
+// missing and keeps the events in the outbox; once the topic is created
+// again as it was, it publishes them.
 func TestRelay_NeverCreatesADeletedTopic(t *testing.T) {
-	b := setupCompactedPromotion(t, 2)
+	t.Parallel()
+	catalog := catalogtest.New(t, true) // its purchase topic: compacted, 3 partitions
+	b := promotionBundle{db: catalog.DB, topic: catalog.Cfg.Topic}
+	catalog.Start(t)
 	b.startRouter(t, router.PromotionConfig{Topic: b.topic, TopicCheckInterval: 200 * time.Millisecond,
 		RelayStepBack: outbox.StepBackConfig{Pause: 100 * time.Millisecond, MaxPause: 500 * time.Millisecond}},
 		expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
@@ -76,12 +80,12 @@ func TestRelay_NeverCreatesADeletedTopic(t *testing.T) {
 		writeOutbox(t, b, []*message.Message{ev})
 	}
 	require.Never(t, func() bool { return !missing() }, 5*time.Second, 100*time.Millisecond,
-		"the deleted topic exists again: a client of the relay re-created it with the broker's defaults")
+		"the deleted topic exists again: the relay or the catalog consumer re-created it with the broker's defaults")
 	require.Eventually(t, func() bool { return testutil.ToFloat64(b.metrics.OutboxTopicMissing) == 1 },
 		10*time.Second, 20*time.Millisecond, "the relay does not report the missing topic")
 	require.EqualValues(t, 20, outboxBacklog(t, b), "the events wait in the outbox")
 
-	_, err := kafkakit.EnsureTopics(cluster, kafkakit.Topic{Name: b.topic, Partitions: 2, CleanupPolicy: kafkakit.PolicyCompact})
+	_, err := kafkakit.EnsureTopics(cluster, kafkakit.Topic{Name: b.topic, Partitions: 3, CleanupPolicy: kafkakit.PolicyCompact})
 	require.NoError(t, err)
 	want, got := relayed(t, b.topic, [][]*message.Message{events})
 	require.ElementsMatch(t, want, got, "once the topic is back, every event that waited is published once")
