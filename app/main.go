@@ -27,6 +27,7 @@ Usage:
   promoflow reconcile [flags]    after a database failover, repair purchases the topic holds and the database lacks
   promoflow status [flags]       one screen for on-call: expirer, outbox, consumer, DLQ, projection (exit 0: healthy)
   promoflow migrate up|status    apply or list the embedded database migrations
+  promoflow republish [flags]    write every purchase's current state into the outbox (fills a new purchase topic)
   promoflow help                 show this help
 
 Run "promoflow <command> --help" for the settings of a command.
@@ -88,6 +89,8 @@ func run(ctx context.Context, args []string) error {
 		return runStatus(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
+	case "republish":
+		return runRepublish(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return nil

@@ -50,13 +50,15 @@ func (c *promotionConfig) register(s *settings) {
 	s.value(&c.Relay.RelayStandbyFlush, "relay-standby-flush", "RELAY_STANDBY_FLUSH",
 		"publish an outbox page only once these standbys have flushed it: their application_names separated by commas, any (at least one standby), or off; "+
 			"needs pg_read_all_stats (or pg_monitor) for the relay's role; not needed with synchronous replication (docs/operations.md)")
+	s.dur(&c.Relay.TopicCheckInterval, "relay-topic-check-interval", "RELAY_TOPIC_CHECK_INTERVAL", outbox.TopicCheckIntervalDefault,
+		"time between the relay's checks of the purchase topic (exists, pinned partition count, compacted); the relay publishes nothing while one fails")
 	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }
 
 // wire fills in what the components share: the topic, the brokers, the retention.
 func (c *promotionConfig) wire() {
-	c.Expire.Topic, c.Purchases.Topic = c.Topic, c.Topic
+	c.Expire.Topic, c.Purchases.Topic, c.Relay.Topic = c.Topic, c.Topic, c.Topic
 	c.Relay.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	c.Relay.IdempotencyRetention = c.Purchases.IdempotencyRetention
 }

@@ -95,6 +95,11 @@ func (p *screen) outbox(s status.Outbox, l status.Limits) {
 		} else {
 			p.line("  held back by no outbox writer")
 		}
+		if t := s.Topic; t.Missing {
+			p.line("  topic        %s MISSING (pinned %d partitions)", t.Name, t.PinnedPartitions)
+		} else if t.Name != "" {
+			p.line("  topic        %s: %d partitions (pinned %d), cleanup.policy=%s", t.Name, t.Partitions, t.PinnedPartitions, t.CleanupPolicy)
+		}
 	})
 }
 

@@ -32,6 +32,12 @@ type PromotionMetrics struct {
 	// OutboxPositionLost counts the pages this process's relay gave up
 	// because the session that held its outbox position was lost.
 	OutboxPositionLost prometheus.Counter
+	// OutboxTopicMissing is 1 while the purchase topic does not exist: the
+	// relay publishes nothing (outbox.TopicGuard).
+	OutboxTopicMissing prometheus.Gauge
+	// OutboxTopicChanged is 1 while the purchase topic has another partition
+	// count than pinned, or is not compacted: the relay publishes nothing.
+	OutboxTopicChanged prometheus.Gauge
 	OutboxCleaned      prometheus.Counter
 	KeysCleaned        prometheus.Counter
 	// OutboxStandbyHeld is 1 while the standbys of RELAY_STANDBY_FLUSH hold
@@ -70,6 +76,10 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			"How long the oldest outbox writer in progress has held the relay back (0: none does); only a transaction that writes the outbox can."),
 		OutboxPositionLost: r.counter("promotion_outbox_relay_position_lost_total",
 			"Pages this process's relay gave up unpublished because the database session holding its outbox position was lost."),
+		OutboxTopicMissing: r.gauge("promotion_outbox_topic_missing",
+			"1 while the purchase topic does not exist: this process's relay publishes nothing and keeps the events in the outbox."),
+		OutboxTopicChanged: r.gauge("promotion_outbox_topic_changed",
+			"1 while the purchase topic has another partition count than pinned or is not compacted: this process's relay publishes nothing."),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
 		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 		OutboxStandbyHeld: r.gauge("promotion_outbox_relay_standby_held",

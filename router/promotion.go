@@ -26,6 +26,14 @@ import (
 type PromotionConfig struct {
 	// Kafka is the cluster the relay publishes to. Required.
 	Kafka kafkakit.Cluster
+	// Topic is the purchase topic. When set, the relay hashes its keys over
+	// the topic's pinned partition count and publishes nothing while the
+	// topic is missing, has another count or is not compacted
+	// (outbox.TopicGuard). Optional.
+	Topic string
+	// TopicCheckInterval is the time between checks of Topic. Defaults to
+	// outbox.TopicCheckIntervalDefault (30s).
+	TopicCheckInterval time.Duration
 	// JanitorInterval is the time between outbox cleanups. Defaults to 5s.
 	JanitorInterval time.Duration
 	// OutboxPollInterval is how often the relay polls an idle outbox. Defaults to 100ms.
@@ -76,7 +84,8 @@ func (c PromotionConfig) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{"outbox janitor interval": c.JanitorInterval,
 		"outbox poll interval": c.OutboxPollInterval, "idempotency key janitor interval": c.KeyJanitorInterval,
-		"idempotency key retention": c.IdempotencyRetention, "relay publish timeout": c.RelayPublishTimeout} {
+		"idempotency key retention": c.IdempotencyRetention, "relay publish timeout": c.RelayPublishTimeout,
+		"relay topic check interval": c.TopicCheckInterval} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
@@ -95,6 +104,7 @@ func (c *PromotionConfig) setDefaults() {
 	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 	c.RelayPublishTimeout = cmp.Or(c.RelayPublishTimeout, kafkakit.PublishTimeoutDefault)
+	c.TopicCheckInterval = cmp.Or(c.TopicCheckInterval, outbox.TopicCheckIntervalDefault)
 }
 
 // heldBackLogAfter is how long an outbox writer may hold the relay back before
@@ -222,7 +232,17 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // RelayPosition.Lease after the last good check of the session, and a
 // process that takes the position from a holder that did not commit waits
 // longer than that before it reads.
+//
+// A purchase topic that is missing, has more or fewer partitions than
+// pinned, or is not compacted (outbox.TopicGuard, checked every
+// TopicCheckInterval and on each step back) holds the relay back the same
+// way, with the events in the outbox; meanwhile its producer hashes each key
+// over the pinned count, so a key never moves to a partition added in place.
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
+	topics, err := newTopicGuard(db, m, log, cfg)
+	if err != nil {
+		return err
+	}
 	stepCfg := cfg.RelayStepBack
 	if stepCfg.Probe == nil {
 		stepCfg.Probe = cfg.Kafka.Ping
@@ -240,6 +260,8 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		m.OutboxSteppedBack.Set(0)
 		log.Info("relay reaches Kafka again and rejoins the outbox position")
 	}
+	pinned, closeTopics := holdRelayOnTopic(topics, &stepCfg)
+	p.closers = append(p.closers, closeTopics)
 	stepBack, err := outbox.NewStepBack(stepCfg)
 	if err != nil {
 		return err
@@ -270,7 +292,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
 			Marshaler: kafkakit.KeyedMarshaler{Key: event.PartitionKey}, Timeout: cfg.RelayPublishTimeout,
-			Lease: guard.ValidUntil})
+			Lease: guard.ValidUntil, Pinned: pinned})
 		if err != nil {
 			return err
 		}

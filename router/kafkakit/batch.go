@@ -49,6 +49,9 @@ type BatchPublisherConfig struct {
 	// write reaches a broker: fence.go) and the Publish fails with
 	// ErrLeaseExpired. Optional.
 	Lease func() time.Time
+	// Pinned, when set, is the partition count to hash each topic's keys
+	// over (PinnedHashPartitioner). Optional: Sarama's hash partitioner.
+	Pinned func(topic string) int32
 }
 
 // PublishTimeoutDefault is a Publish's bound: past a broker's own wait for
@@ -191,6 +194,9 @@ func (p *BatchPublisher) current() *producerConn {
 	defer p.mu.Unlock()
 	if p.conn == nil {
 		sc := p.cfg.Cluster.DurableProducerConfig(p.cfg.ClientID)
+		if p.cfg.Pinned != nil {
+			sc.Producer.Partitioner = PinnedHashPartitioner(p.cfg.Pinned)
+		}
 		p.conn = &producerConn{brokers: p.cfg.Cluster.Brokers, config: sc,
 			dialer: newFencedDialer(sc.Net.DialTimeout, sc.Net.KeepAlive, p.cfg.Lease)}
 	}
