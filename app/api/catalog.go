@@ -14,6 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/router/bounded"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
@@ -181,6 +182,9 @@ func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusUnprocessableEntity, "validation_failed", err.Error())
 	case errors.Is(err, boost.ErrConflict):
 		writeError(w, http.StatusConflict, "conflict", "a concurrent update won; try again")
+	case dberr.ReadOnly(err):
+		h.Log.Warn("catalog api: the database takes no writes", "method", r.Method, "path", r.URL.Path, "error", err.Error())
+		writeReadOnly(w)
 	case unavailable(err):
 		h.Log.Warn("catalog api: database unavailable", "method", r.Method, "path", r.URL.Path, "error", err.Error())
 		writeUnavailable(w)
