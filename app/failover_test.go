@@ -3,9 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
@@ -43,4 +47,54 @@ func TestDSN_MultiHostURLFormIsRefusedClearly(t *testing.T) {
 		db := openTest(t, dsn)
 		require.NoError(t, db.Ping(), "%s opens", dsn)
 	}
+}
+
+// TestReadyz_FalseOnAStandby: a promotion process whose DATABASE_URL points
+// at a hot standby runs but answers /readyz 503, naming the standby; once the
+// standby is promoted it becomes ready, and its API writes, without a
+// restart. The relay says once that it pauses and once that it resumes.
+func TestReadyz_FalseOnAStandby(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.StartServer(t, pgtest.ServerOptions{})
+	url := pgtest.DatabaseURLOn(t, primary.URL("sslmode=disable"))
+	pgtest.Open(t, url) // migrated on the primary
+	standby := primary.StartStandby(t, "s1")
+	primary.WaitReplayed(t, standby)
+	standbyURL := strings.Replace(url, fmt.Sprintf(":%d/", primary.Port), fmt.Sprintf(":%d/", standby.Port), 1)
+
+	topic := "pf-test-" + kafkatest.RandomSuffix()
+	kafkatest.CleanupTopic(t, topic)
+	addr := freeAddr(t)
+	p := startCommand(t, envOf("DATABASE_URL="+standbyURL, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","),
+		"MIGRATE_ON_START=false", "HTTP_ADDR="+addr, "PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1",
+		"PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
+	var body string
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var status int
+		status, body = readyzAnswer(addr)
+		assert.Equal(c, http.StatusServiceUnavailable, status, "/readyz on a standby: %s", body)
+		assert.Contains(c, body, "standby")
+	}, 60*time.Second, 100*time.Millisecond, "output:\n%s", p)
+	t.Logf("/readyz on the standby: %s", body)
+
+	standby.Promote(t)
+	p.waitReady(t, addr)
+	createPurchase(t, addr, "t1", time.Hour)
+	require.Eventually(t, func() bool {
+		return strings.Contains(p.output(), "the database takes writes again: relay resumes")
+	}, 30*time.Second, 100*time.Millisecond, "the relay says it resumes; output:\n%s", p)
+	out := p.output()
+	require.NotContains(t, out, `"level":"ERROR"`, "a standby is a state, logged once, not an error each second")
+	require.Equal(t, 1, strings.Count(out, "the database takes no writes: relay paused"), out)
+}
+
+// readyzAnswer is the status and body /readyz of the process at addr answers.
+func readyzAnswer(addr string) (int, string) {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw)
 }

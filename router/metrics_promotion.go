@@ -3,6 +3,7 @@ package router
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
 )
@@ -32,8 +33,11 @@ type PromotionMetrics struct {
 	// OutboxPositionLost counts the pages this process's relay gave up
 	// because the session that held its outbox position was lost.
 	OutboxPositionLost prometheus.Counter
-	OutboxCleaned      prometheus.Counter
-	KeysCleaned        prometheus.Counter
+	// OutboxRelayErrors counts the relay's failed outbox queries by reason
+	// (read_only, unavailable, other): each is retried a second later.
+	OutboxRelayErrors *prometheus.CounterVec
+	OutboxCleaned     prometheus.Counter
+	KeysCleaned       prometheus.Counter
 }
 
 // NewPromotionMetrics registers the series on reg.
@@ -50,8 +54,9 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 		ExpireDelay: r.histogram("promotion_expire_delay_seconds",
 			"AsOf - EndsAt of each expired purchase: how long it stayed Active past its EndsAt.",
 			.01, .05, .1, .25, .5, 1, 1.5, 2.5, 5, 10, 30, 60, 120, 300),
-		Errors: r.counterVec("promotion_expire_errors_total", "Expirer failures, by kind (poison, infrastructure).",
-			"kind", "poison", "infrastructure"),
+		Errors: r.counterVec("promotion_expire_errors_total",
+			"Expirer failures, by kind (poison, infrastructure, read_only: the database took no writes, a cycle paused).",
+			"kind", "poison", "infrastructure", "read_only"),
 		OutboxBacklog: r.gauge("promotion_outbox_backlog", "Outbox events not yet relayed to Kafka."),
 		OutboxLag:     r.gauge("promotion_outbox_lag_seconds", "Age of the oldest outbox event not yet relayed."),
 		OutboxRelayed: r.counter("promotion_outbox_relayed_total", "Outbox events relayed to Kafka."),
@@ -65,6 +70,9 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			"How long the oldest outbox writer in progress has held the relay back (0: none does); only a transaction that writes the outbox can."),
 		OutboxPositionLost: r.counter("promotion_outbox_relay_position_lost_total",
 			"Pages this process's relay gave up unpublished because the database session holding its outbox position was lost."),
+		OutboxRelayErrors: r.counterVec("promotion_outbox_relay_errors_total",
+			"Failed outbox queries of the relay, by reason (read_only: the database takes no writes; unavailable; other); each is retried.",
+			"reason", dberr.ReasonReadOnly, dberr.ReasonUnavailable, dberr.ReasonOther),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
 		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 	}
@@ -81,6 +89,10 @@ func (m *PromotionMetrics) ObserveCycle(res expire.Result, err error) {
 	m.SkipLocked.Add(float64(res.SkippedLockedCount))
 	for _, d := range res.Delays {
 		m.ExpireDelay.Observe(d.Seconds())
+	}
+	if dberr.ReadOnly(err) {
+		m.Errors.WithLabelValues("read_only").Inc()
+		return
 	}
 	if err != nil {
 		m.Errors.WithLabelValues("infrastructure").Inc()
