@@ -26,6 +26,7 @@ Usage:
   promoflow audit [flags]        check (and --repair) card boosts against the replica and the topic
   promoflow status [flags]       one screen for on-call: expirer, outbox, consumer, DLQ, projection (exit 0: healthy)
   promoflow migrate up|status    apply or list the embedded database migrations
+  promoflow outbox drain|thaw    freeze promotion writes and wait until the outbox is published; lift the freeze
   promoflow help                 show this help
 
 Run "promoflow <command> --help" for the settings of a command.
@@ -85,6 +86,8 @@ func run(ctx context.Context, args []string) error {
 		return runStatus(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
+	case "outbox":
+		return runOutbox(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return nil
