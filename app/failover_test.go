@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -97,4 +99,52 @@ func readyzAnswer(addr string) (int, string) {
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(raw)
+}
+
+// TestDSN_MultiHostKeywordFormFollowsThePrimary: with DATABASE_URL in the
+// key=value form that lists the primary and its standby with
+// target_session_attrs=read-write, a promotion process lives through a
+// failover (the primary killed, the standby promoted) without a restart:
+// the API writes again and the relay publishes the new purchase's event.
+func TestDSN_MultiHostKeywordFormFollowsThePrimary(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.StartServer(t, pgtest.ServerOptions{})
+	url := pgtest.DatabaseURLOn(t, primary.URL("sslmode=disable"))
+	pgtest.Open(t, url) // migrated on the primary
+	standby := primary.StartStandby(t, "s1")
+	name, _, _ := strings.Cut(url[strings.LastIndex(url, "/")+1:], "?")
+	dsn := fmt.Sprintf("host=%s,%s port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
+		primary.Host, standby.Host, primary.Port, standby.Port, name)
+
+	topic := "pf-test-" + kafkatest.RandomSuffix()
+	kafkatest.CleanupTopic(t, topic)
+	addr := freeAddr(t)
+	p := startCommand(t, envOf("DATABASE_URL="+dsn, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","),
+		"HTTP_ADDR="+addr, "PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1",
+		"PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
+	p.waitReady(t, addr)
+	before := createPurchase(t, addr, "t1", time.Hour)
+	kafkatest.ReadTopic(t, topic, 30*time.Second, func(got []*sarama.ConsumerMessage) bool { return hasKey(got, before.String()) })
+
+	primary.WaitReplayed(t, standby)
+	primary.Kill(t)
+	standby.Promote(t)
+	var after purchaseAnswer
+	require.Eventually(t, func() bool {
+		var err error
+		after, err = postPurchase(addr, "t1", uuid.New(), 5, time.Hour)
+		return err == nil && after.Status == http.StatusCreated
+	}, 60*time.Second, 100*time.Millisecond, "the API writes on the promoted standby; output:\n%s", p)
+	kafkatest.ReadTopic(t, topic, 60*time.Second, func(got []*sarama.ConsumerMessage) bool { return hasKey(got, after.ID.String()) })
+	require.Equal(t, http.StatusOK, readyz(addr))
+}
+
+// hasKey reports whether a record of got has key.
+func hasKey(got []*sarama.ConsumerMessage, key string) bool {
+	for _, m := range got {
+		if string(m.Key) == key {
+			return true
+		}
+	}
+	return false
 }
