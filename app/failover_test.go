@@ -57,11 +57,7 @@ func TestDSN_MultiHostURLFormIsRefusedClearly(t *testing.T) {
 // restart. The relay says once that it pauses and once that it resumes.
 func TestReadyz_FalseOnAStandby(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.StartServer(t, pgtest.ServerOptions{})
-	url := pgtest.DatabaseURLOn(t, primary.URL("sslmode=disable"))
-	pgtest.Open(t, url) // migrated on the primary
-	standby := primary.StartStandby(t, "s1")
-	primary.WaitReplayed(t, standby)
+	primary, standby, url := primaryAndStandby(t)
 	standbyURL := strings.Replace(url, fmt.Sprintf(":%d/", primary.Port), fmt.Sprintf(":%d/", standby.Port), 1)
 
 	topic := "pf-test-" + kafkatest.RandomSuffix()
@@ -90,6 +86,18 @@ func TestReadyz_FalseOnAStandby(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "the database takes no writes: relay paused"), out)
 }
 
+// primaryAndStandby is a private primary with a migrated database of the
+// test's own at url, and a hot standby that has replayed it.
+func primaryAndStandby(t *testing.T) (primary, standby *pgtest.Server, url string) {
+	t.Helper()
+	primary = pgtest.StartServer(t, pgtest.ServerOptions{})
+	url = pgtest.DatabaseURLOn(t, primary.URL("sslmode=disable"))
+	pgtest.Open(t, url) // migrated on the primary
+	standby = primary.StartStandby(t, "s1")
+	primary.WaitReplayed(t, standby)
+	return primary, standby, url
+}
+
 // readyzAnswer is the status and body /readyz of the process at addr answers.
 func readyzAnswer(addr string) (int, string) {
 	resp, err := http.Get("http://" + addr + "/readyz")
@@ -108,10 +116,7 @@ func readyzAnswer(addr string) (int, string) {
 // the API writes again and the relay publishes the new purchase's event.
 func TestDSN_MultiHostKeywordFormFollowsThePrimary(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.StartServer(t, pgtest.ServerOptions{})
-	url := pgtest.DatabaseURLOn(t, primary.URL("sslmode=disable"))
-	pgtest.Open(t, url) // migrated on the primary
-	standby := primary.StartStandby(t, "s1")
+	primary, standby, url := primaryAndStandby(t)
 	name, _, _ := strings.Cut(url[strings.LastIndex(url, "/")+1:], "?")
 	dsn := fmt.Sprintf("host=%s,%s port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
 		primary.Host, standby.Host, primary.Port, standby.Port, name)
