@@ -8,19 +8,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/handlers/purchase/purchasetest"
+	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // TestOutbox_DrainFreezesWritesUntilThawed: `promoflow outbox drain` beside a
-// running promotion process exits 0 once the relay has published the whole
-// outbox; while the freeze stands the purchase API answers create and cancel
+// running promotion process waits for an outbox writer that began before the
+// freeze, and exits 0 once the relay has published the whole outbox, that
+// writer's event included; while the freeze stands the purchase API answers create and cancel
 // with 503 and Retry-After and the expirer expires nothing, however many
 // cycles run; `promoflow outbox thaw` lifts it, and both write again.
 func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
@@ -39,11 +42,27 @@ func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
 		active = append(active, createPurchase(t, addr, "t1", time.Hour))
 	}
 
-	code, out := runCommand(t, env, time.Minute, "outbox", "drain")
+	// A writer that began before the freeze: drain waits for it, and then
+	// for the relay to publish what it wrote.
+	ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 10, catalogtest.Target(event.TargetProject, uuid.New()))
+	msg, err := event.NewMessage(ev, "drain-test", time.Now())
+	require.NoError(t, err)
+	writer, err := outbox.BeginTx(t.Context(), db, nil)
+	require.NoError(t, err)
+	defer writer.Rollback() //nolint:errcheck // no-op after commit
+	require.NoError(t, outbox.PublishTx(writer, topic, msg))
+	drain := startCommand(t, env, "outbox", "drain")
+	require.Eventually(t, func() bool { return strings.Contains(drain.output(), "write freeze set at") },
+		30*time.Second, 20*time.Millisecond, "drain sets the freeze; output:\n%s", drain)
+	_, ended := drain.wait(time.Second)
+	require.False(t, ended, "drain ended while a writer that began before the freeze runs:\n%s", drain)
+	require.NoError(t, writer.Commit())
+	code := drain.exitCode(t, time.Minute)
+	out := drain.output()
 	t.Logf("drain printed:\n%s", out)
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, "write freeze set at")
 	require.Contains(t, out, "outbox empty:")
+	kafkatest.ReadTopic(t, topic, 10*time.Second, func(got []*sarama.ConsumerMessage) bool { return hasKey(got, ev.PurchaseId.String()) })
 	st, err := outbox.ReadStats(t.Context(), db)
 	require.NoError(t, err)
 	require.Zero(t, st.Backlog, "events left in the outbox after drain")
