@@ -76,6 +76,9 @@ func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, cancelled.StatusCode)
 	require.NotEmpty(t, cancelled.Header.Get("Retry-After"))
 
+	_, status := runCommand(t, with(env, "PROMOTION_TOPIC", topic), time.Minute, "status")
+	require.Contains(t, status, "writes are frozen since", "promoflow status names the freeze")
+
 	due := purchasetest.SeedActive(t, db, 3, time.Now().Add(-time.Minute))
 	paused := metricValue(t, addr, `promotion_expire_errors_total{kind="read_only"}`)
 	require.Eventually(t, func() bool {
