@@ -24,6 +24,7 @@ Usage:
   promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer (--list: what it holds)
   promoflow rebuild [flags]      rebuild the PromotionBoost projection from the purchase topic
   promoflow audit [flags]        check (and --repair) card boosts against the replica and the topic
+  promoflow reconcile [flags]    after a database failover, repair purchases the topic holds and the database lacks
   promoflow status [flags]       one screen for on-call: expirer, outbox, consumer, DLQ, projection (exit 0: healthy)
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow outbox drain|thaw    freeze promotion writes and wait until the outbox is published; lift the freeze
@@ -82,6 +83,8 @@ func run(ctx context.Context, args []string) error {
 		return runRebuild(ctx, rest)
 	case "audit":
 		return runAudit(ctx, rest)
+	case "reconcile":
+		return runReconcile(ctx, rest)
 	case "status":
 		return runStatus(ctx, rest)
 	case "migrate":

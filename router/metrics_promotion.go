@@ -38,6 +38,11 @@ type PromotionMetrics struct {
 	OutboxRelayErrors *prometheus.CounterVec
 	OutboxCleaned     prometheus.Counter
 	KeysCleaned       prometheus.Counter
+	// OutboxStandbyHeld is 1 while the standbys of RELAY_STANDBY_FLUSH hold
+	// this process's relay back (outbox.StandbyFlush).
+	OutboxStandbyHeld prometheus.Gauge
+	// OutboxStandbyWait is how long each page waited for the standbys.
+	OutboxStandbyWait prometheus.Histogram
 }
 
 // NewPromotionMetrics registers the series on reg.
@@ -75,6 +80,11 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			"reason", dberr.ReasonReadOnly, dberr.ReasonUnavailable, dberr.ReasonOther),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
 		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
+		OutboxStandbyHeld: r.gauge("promotion_outbox_relay_standby_held",
+			"1 while the relay publishes nothing because the standbys of RELAY_STANDBY_FLUSH have not flushed its page."),
+		OutboxStandbyWait: r.histogram("promotion_outbox_relay_standby_wait_seconds",
+			"How long each outbox page waited for the standbys of RELAY_STANDBY_FLUSH to flush it before it was published.",
+			.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5),
 	}
 	return m, r.err
 }

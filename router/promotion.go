@@ -52,6 +52,9 @@ type PromotionConfig struct {
 	// RelayPosition is the relay's guard of its outbox position: how long a
 	// good check of its session lets it write to Kafka (see addRelay).
 	RelayPosition outbox.PositionGuardConfig
+	// RelayStandbyFlush are the standbys that must have flushed a page
+	// before the relay publishes it (outbox.StandbyFlush). Defaults to off.
+	RelayStandbyFlush outbox.Standbys
 }
 
 // Defaults of PromotionConfig.
@@ -286,6 +289,10 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		pub = kp
 	}
 	pub = stepBack.Publisher(pub)
+	middlewares, err := relayStandbyFlush(db, m, log, cfg)
+	if err != nil {
+		return err
+	}
 	observeRelay := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
@@ -315,7 +322,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
-		Middlewares:    []message.HandlerMiddleware{guard.Middleware, observeRelay, stepBack.Middleware},
+		Middlewares:    append(middlewares, guard.Middleware, observeRelay, stepBack.Middleware),
 	})
 	if err != nil {
 		return fmt.Errorf("outbox forwarder: %w", err)
