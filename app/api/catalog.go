@@ -175,6 +175,8 @@ func (h *Catalog) rebuildStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {
+	// The feed's writes begin READ WRITE as lib/pq does: a standby answers 0A000.
+	err = dberr.Classify(r.Context(), err, dberr.InRecovery(h.DB.DB))
 	switch {
 	case errors.Is(err, boost.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", "no such card")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -19,7 +20,8 @@ import (
 // hot standby, whose BEGIN READ WRITE fails with 0A000, and a database whose
 // default_transaction_read_only is on, which lib/pq's BEGIN READ WRITE would
 // override) answers create and cancel with 503, Retry-After and code
-// read_only, and nothing is written; reads still answer.
+// read_only, and nothing is written; reads still answer. On the standby the
+// catalog's card feed answers its writes the same way.
 func TestAPI_ReadOnlyDatabaseAnswers503(t *testing.T) {
 	t.Parallel()
 	t.Run("hot standby", func(t *testing.T) {
@@ -31,7 +33,17 @@ func TestAPI_ReadOnlyDatabaseAnswers503(t *testing.T) {
 		standby := primary.StartStandby(t, "s1")
 		primary.WaitReplayed(t, standby)
 		standbyURL := strings.Replace(url, fmt.Sprintf(":%d/", primary.Port), fmt.Sprintf(":%d/", standby.Port), 1)
-		requireReadOnlyAnswers(t, newPromotionAPIOn(t, pgtest.OpenAsIs(t, standbyURL)), id)
+		standbyDB := pgtest.OpenAsIs(t, standbyURL)
+		requireReadOnlyAnswers(t, newPromotionAPIOn(t, standbyDB), id)
+
+		// The catalog's card feed answers the same way.
+		mux := http.NewServeMux()
+		(&api.Catalog{DB: standbyDB, AdminToken: "admin", Log: slog.New(slog.DiscardHandler)}).Register(mux)
+		catalog := apiBundle{db: standbyDB, srv: validatedServer(t, catalogDocument, mux)}
+		r := catalog.do(t, "PUT", "/cards/projects/"+uuid.NewString(), "admin", map[string]any{"Title": "Tower"})
+		require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Body)
+		require.Equal(t, "read_only", r.Body["code"])
+		require.NotEmpty(t, r.Header.Get("Retry-After"))
 	})
 	t.Run("default_transaction_read_only", func(t *testing.T) {
 		t.Parallel()
