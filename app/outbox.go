@@ -12,6 +12,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/handlers/outbox"
 )
 
@@ -36,6 +37,9 @@ const drainTimeoutDefault = 10 * time.Minute
 
 // drainPollDefault is how often drain reads the outbox.
 const drainPollDefault = 200 * time.Millisecond
+
+// drainProgressEvery is how often a long drain says what is left.
+const drainProgressEvery = 5 * time.Second
 
 // outboxCommand is what drain and thaw take.
 type outboxCommand struct {
@@ -109,7 +113,7 @@ func drain(ctx context.Context, db *sqlx.DB, c outboxCommand, out io.Writer) err
 	start := time.Now()
 	f, isNew, err := outbox.SetFreeze(ctx, db)
 	if err != nil {
-		return err
+		return refusedHint(ctx, db, err)
 	}
 	if isNew {
 		fmt.Fprintf(out, "write freeze set at %s: outbox writers of every promotion process refuse (API 503, expirer paused)\n", stamp(f.At))
@@ -126,14 +130,20 @@ func drain(ctx context.Context, db *sqlx.DB, c outboxCommand, out io.Writer) err
 		return fmt.Errorf("wait for the outbox writers that began before the freeze: %w (the freeze stays; `promoflow outbox thaw` lifts it)", err)
 	}
 	var first, last int64 = -1, 0
+	var said time.Time
 	if err := waitFor(ctx, poll, func() (bool, error) {
 		st, err := outbox.ReadStats(ctx, db)
 		if err != nil {
 			return false, err
 		}
-		if first < 0 {
+		switch {
+		case first < 0:
 			first = st.Backlog
 			fmt.Fprintf(out, "outbox: %d event(s) to publish\n", first)
+			said = time.Now()
+		case st.Backlog > 0 && time.Since(said) >= drainProgressEvery:
+			fmt.Fprintf(out, "outbox: %d event(s) left\n", st.Backlog)
+			said = time.Now()
 		}
 		last = st.Backlog
 		return st.Backlog == 0, nil
@@ -150,7 +160,7 @@ func drain(ctx context.Context, db *sqlx.DB, c outboxCommand, out io.Writer) err
 func thaw(ctx context.Context, db *sqlx.DB, out io.Writer) error {
 	f, lifted, err := outbox.LiftFreeze(ctx, db)
 	if err != nil {
-		return err
+		return refusedHint(ctx, db, err)
 	}
 	if !lifted {
 		fmt.Fprintln(out, "no write freeze was in force; nothing changed")
@@ -159,6 +169,16 @@ func thaw(ctx context.Context, db *sqlx.DB, out io.Writer) error {
 	fmt.Fprintf(out, "write freeze lifted (set at %s by %s, held %s): the purchase API and the expirer write again\n",
 		stamp(f.At), cmp.Or(f.By, "an unnamed session"), f.ReadAt.Sub(f.At).Round(time.Millisecond))
 	return nil
+}
+
+// refusedHint adds to err, when the database refused the freeze's write,
+// where drain and thaw must run.
+func refusedHint(ctx context.Context, db *sqlx.DB, err error) error {
+	if dberr.ReadOnly(dberr.Classify(ctx, err, dberr.InRecovery(db.DB))) {
+		return fmt.Errorf("%w: the database takes no writes (a standby, or default_transaction_read_only); "+
+			"run it against the primary the promotion processes write to", err)
+	}
+	return err
 }
 
 // waitFor polls done every poll until it is true, fails, or ctx ends.
