@@ -54,7 +54,8 @@ func TestDSN_MultiHostURLFormIsRefusedClearly(t *testing.T) {
 // TestReadyz_FalseOnAStandby: a promotion process whose DATABASE_URL points
 // at a hot standby runs but answers /readyz 503, naming the standby; once the
 // standby is promoted it becomes ready, and its API writes, without a
-// restart. The relay says once that it pauses and once that it resumes.
+// restart. The relay counts its refused queries, and says once that it
+// pauses and once that it resumes.
 func TestReadyz_FalseOnAStandby(t *testing.T) {
 	t.Parallel()
 	primary, standby, url := primaryAndStandby(t)
@@ -74,6 +75,9 @@ func TestReadyz_FalseOnAStandby(t *testing.T) {
 		assert.Contains(c, body, "standby")
 	}, 60*time.Second, 100*time.Millisecond, "output:\n%s", p)
 	t.Logf("/readyz on the standby: %s", body)
+	require.Eventually(t, func() bool {
+		return metricValue(t, addr, `promotion_outbox_relay_errors_total{reason="read_only"}`) >= 2
+	}, 30*time.Second, 100*time.Millisecond, "the relay counts its refused queries")
 
 	standby.Promote(t)
 	p.waitReady(t, addr)
