@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -23,7 +24,7 @@ import (
 
 // QueryBackoff is the relay subscriber's wmsql.BackoffManager.
 type QueryBackoff struct {
-	// PollInterval is the wait after a query that found nothing.
+	// PollInterval is the wait after a query that found nothing. Defaults to 1s.
 	PollInterval time.Duration
 	// RetryInterval is the wait after a failed query. Defaults to 1s.
 	RetryInterval time.Duration
@@ -36,7 +37,8 @@ type QueryBackoff struct {
 	ReadOnly *dberr.Watch
 }
 
-// retryIntervalDefault is watermill-sql's own wait after a failed query.
+// retryIntervalDefault is watermill-sql's own wait after a failed query
+// and after an empty poll.
 const retryIntervalDefault = time.Second
 
 // HandleError implements wmsql.BackoffManager.
@@ -44,7 +46,7 @@ func (b QueryBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if err == nil {
 		b.ReadOnly.Observe(nil)
 		if noMsg {
-			return b.PollInterval
+			return cmp.Or(b.PollInterval, retryIntervalDefault)
 		}
 		return 0
 	}
@@ -57,10 +59,7 @@ func (b QueryBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if b.OnError != nil {
 		b.OnError(reason)
 	}
-	wait := b.RetryInterval
-	if wait <= 0 {
-		wait = retryIntervalDefault
-	}
+	wait := cmp.Or(b.RetryInterval, retryIntervalDefault)
 	if reason == dberr.ReasonReadOnly {
 		b.ReadOnly.Observe(err)
 		return wait
@@ -104,10 +103,7 @@ func (s PatientSubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	if err == nil || !s.transient(ctx, err) {
 		return in, err
 	}
-	retry := s.Retry
-	if retry <= 0 {
-		retry = retryIntervalDefault
-	}
+	retry := cmp.Or(s.Retry, retryIntervalDefault)
 	out := make(chan *message.Message)
 	go func() {
 		defer close(out)
