@@ -28,6 +28,7 @@ Usage:
   promoflow status [flags]       one screen for on-call: expirer, outbox, consumer, DLQ, projection (exit 0: healthy)
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow republish [flags]    write every purchase's current state into the outbox (fills a new purchase topic)
+  promoflow outbox drain|thaw    freeze promotion writes and wait until the outbox is published; lift the freeze
   promoflow help                 show this help
 
 Run "promoflow <command> --help" for the settings of a command.
@@ -91,6 +92,8 @@ func run(ctx context.Context, args []string) error {
 		return runMigrate(ctx, rest)
 	case "republish":
 		return runRepublish(ctx, rest)
+	case "outbox":
+		return runOutbox(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return nil

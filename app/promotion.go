@@ -121,7 +121,7 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 		return err
 	}
 
-	mux := newMux(reg, dbReady(db), routerReady(r.Router.IsRunning))
+	mux := newMux(reg, primaryReady(db), routerReady(r.Router.IsRunning))
 	(&api.Promotions{Service: purchases, Tokens: tokens, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
@@ -133,6 +133,29 @@ func dbReady(db *sqlx.DB) readyCheck {
 	return func(ctx context.Context) error {
 		if err := db.PingContext(ctx); err != nil {
 			return fmt.Errorf("database: %w", err)
+		}
+		return nil
+	}
+}
+
+// primaryReady checks that db reaches a writable primary: the purchase API
+// and the expirer write, so a standby (a single-host URL after a failover)
+// or a server set read-only cannot serve them. It reads the server anew each
+// time, so a standby that is promoted makes the process ready without a
+// restart.
+func primaryReady(db *sqlx.DB) readyCheck {
+	return func(ctx context.Context) error {
+		var standby, readOnly bool
+		err := db.QueryRowContext(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::boolean`).
+			Scan(&standby, &readOnly)
+		switch {
+		case err != nil:
+			return fmt.Errorf("database: %w", err)
+		case standby:
+			return errors.New("database: the server is a standby (in recovery) and takes no writes; " +
+				"list the primary and its standbys with target_session_attrs=read-write (docs/runbooks/postgres-connections.md)")
+		case readOnly:
+			return errors.New("database: transaction_read_only is on (default_transaction_read_only): the server takes no writes")
 		}
 		return nil
 	}

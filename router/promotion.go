@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
@@ -147,22 +148,25 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	p := &Promotion{Router: r}
 
 	expireTicks := newTickSource(expireTickTopic, exp.Interval(), wlog)
+	// A database that takes no writes pauses the expirer: said once, not at each cycle.
+	expireReadOnly := &dberr.Watch{OnChange: readOnlyLog(log, "expirer", "it expires nothing until the server takes writes")}
 	wakeup := expire.NewWakeup(exp)
 	expireTicks.early = wakeup
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())
 		m.ObserveCycle(res, err)
+		expireReadOnly.Observe(err)
 		if err == nil {
 			wakeup.After(res)
 		}
 		// The durable trace `promoflow status` reads; a cycle ended by a
 		// shutdown is recorded all the same.
 		recordCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), recordCycleTimeout)
-		if rerr := exp.Record(recordCtx, res, err); rerr != nil {
+		if rerr := exp.Record(recordCtx, res, err); rerr != nil && !dberr.ReadOnly(rerr) {
 			log.Warn("expire cycle not recorded", "runId", res.RunID, "error", rerr.Error())
 		}
 		cancel()
-		if err != nil {
+		if err != nil && !dberr.ReadOnly(err) {
 			// The next tick retries: the rows are still Active.
 			log.Error("expire cycle failed", "runId", res.RunID, "error", err.Error())
 		}
@@ -170,9 +174,11 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	})
 
 	janitorTicks := newTickSource(janitorTickTopic, cfg.JanitorInterval, wlog)
+	janitorReadOnly := &dberr.Watch{OnChange: readOnlyLog(log, "outbox janitor", "it deletes no relayed outbox rows until the server takes writes")}
 	r.AddConsumerHandler("outbox_janitor", janitorTickTopic, janitorTicks.pubsub, func(msg *message.Message) error {
 		cleaned, err := outbox.Cleanup(msg.Context(), db)
-		if err != nil {
+		janitorReadOnly.Observe(err)
+		if err != nil && !dberr.ReadOnly(err) {
 			log.Warn("outbox cleanup failed", "error", err.Error())
 		}
 		stats, err := outbox.ReadStats(msg.Context(), db)
@@ -278,16 +284,21 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		return err
 	}
 	ackDeadline := cfg.RelayPublishTimeout + relayAckMargin
-	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
+	readOnly := &dberr.Watch{OnChange: readOnlyLog(log, "relay", "it publishes nothing until the server takes writes")}
+	countError := func(reason string) { m.OutboxRelayErrors.WithLabelValues(reason).Inc() }
+	wsub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
 		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait()),
 		OffsetsAdapter: outbox.Offsets(),
 		PollInterval:   cfg.OutboxPollInterval,
 		AckDeadline:    &ackDeadline,
+		BackoffManager: outbox.QueryBackoff{PollInterval: cfg.OutboxPollInterval, InRecovery: dberr.InRecovery(db.DB),
+			OnError: countError, ReadOnly: readOnly},
 	}, wlog)
 	if err != nil {
 		return fmt.Errorf("outbox subscriber: %w", err)
 	}
+	sub := outbox.PatientSubscriber{Subscriber: wsub, InRecovery: dberr.InRecovery(db.DB), ReadOnly: readOnly, OnError: countError}
 	pub := cfg.RelayPublisher
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",

@@ -61,6 +61,12 @@ func (r *Reader) outbox(ctx context.Context) (s Outbox) {
 		return s
 	}
 	s.Backlog, s.OldestAgeSeconds, s.lag = stats.Backlog, seconds(stats.Lag), stats.Lag
+	// A cutover's freeze is planned: a note, not a problem
+	// (PromotionDatabaseRefusesWrites pages if it is left for long).
+	if f, frozen, err := outbox.ReadFreeze(ctx, r.cfg.DB); err == nil && frozen {
+		s.note("writes are frozen since %s (set by %s): the purchase API answers 503 and the expirer pauses; `promoflow outbox thaw` lifts it",
+			f.At.UTC().Format(time.RFC3339), f.By)
+	}
 	sessions, err := outbox.RelaySessions(ctx, r.cfg.DB)
 	if err != nil {
 		s.failed(err)
