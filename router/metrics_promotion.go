@@ -39,7 +39,10 @@ type PromotionMetrics struct {
 	// count than pinned, or is not compacted: the relay publishes nothing.
 	OutboxTopicChanged prometheus.Gauge
 	OutboxCleaned      prometheus.Counter
-	KeysCleaned        prometheus.Counter
+	// OutboxRebased counts the re-bases of the outbox onto another cluster
+	// (a restore, a logical-replication upgrade) seen while this process ran.
+	OutboxRebased prometheus.Counter
+	KeysCleaned   prometheus.Counter
 	// OutboxStandbyHeld is 1 while the standbys of RELAY_STANDBY_FLUSH hold
 	// this process's relay back (outbox.StandbyFlush).
 	OutboxStandbyHeld prometheus.Gauge
@@ -81,7 +84,9 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 		OutboxTopicChanged: r.gauge("promotion_outbox_topic_changed",
 			"1 while the purchase topic has another partition count than pinned or is not compacted: this process's relay publishes nothing."),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
-		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
+		OutboxRebased: r.counter("promotion_outbox_rebased_total",
+			"Re-bases of the outbox onto another PostgreSQL cluster seen while this process ran: once after a restore or a logical-replication upgrade."),
+		KeysCleaned: r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 		OutboxStandbyHeld: r.gauge("promotion_outbox_relay_standby_held",
 			"1 while the relay publishes nothing because the standbys of RELAY_STANDBY_FLUSH have not flushed its page."),
 		OutboxStandbyWait: r.histogram("promotion_outbox_relay_standby_wait_seconds",

@@ -87,6 +87,14 @@ func (c PositionGuardConfig) TakeoverWait() time.Duration {
 	return c.Lease + c.Lease/4
 }
 
+// IdleTimeout is how long the position's transaction may stay idle before
+// PostgreSQL ends its session: twice the lease, far beyond the checks'
+// Lease/8 while a publish runs, so that only a frozen process reaches it.
+func (c PositionGuardConfig) IdleTimeout() time.Duration {
+	c.setDefaults()
+	return 2 * c.Lease
+}
+
 // NewPositionGuard returns a guard that holds no lease.
 func NewPositionGuard(cfg PositionGuardConfig) (*PositionGuard, error) {
 	cfg.setDefaults()
@@ -98,6 +106,9 @@ func NewPositionGuard(cfg PositionGuardConfig) (*PositionGuard, error) {
 
 // TakeoverWait is the config's TakeoverWait.
 func (g *PositionGuard) TakeoverWait() time.Duration { return g.cfg.TakeoverWait() }
+
+// IdleTimeout is the config's IdleTimeout.
+func (g *PositionGuard) IdleTimeout() time.Duration { return g.cfg.IdleTimeout() }
 
 // ValidUntil is the time until which the relay may write to Kafka: zero
 // between publishes and once a check failed.
