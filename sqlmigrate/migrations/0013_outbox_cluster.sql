@@ -55,43 +55,42 @@ BEGIN
     RETURN here::bigint;
 END $$;
 
--- The newest transaction id the outbox holds (a row's or the position's) and
--- the next id the cluster assigns, from one snapshot: a row it sees was
--- written by a transaction below that next id.
-CREATE FUNCTION promotion.outbox_newest_and_next(OUT newest bigint, OUT next_xid bigint)
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(greatest(
-            (SELECT transaction_id FROM promotion.outbox_messages ORDER BY transaction_id DESC, "offset" DESC LIMIT 1),
-            (SELECT max(last_processed_transaction_id) FROM promotion.outbox_offsets))::text::bigint, 0),
-        pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-$$;
-
 CREATE FUNCTION promotion.outbox_xid_shift() RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     here bigint := promotion.outbox_system_identifier();
     c promotion.outbox_cluster;
-    n record;
+    newest bigint;
+    next_xid bigint;
     shift bigint;
 BEGIN
-    SELECT * INTO STRICT c FROM promotion.outbox_cluster;
-    SELECT * INTO STRICT n FROM promotion.outbox_newest_and_next();
-    IF c.system_identifier = here AND n.newest < n.next_xid + c.xid_shift THEN
-        RETURN c.xid_shift;
-    END IF;
-    -- Re-base. Whoever else resolves meanwhile waits here, and then finds it
-    -- done (read committed) or starts again (repeatable read's 40001).
-    SELECT * INTO STRICT c FROM promotion.outbox_cluster FOR UPDATE;
-    SELECT * INTO STRICT n FROM promotion.outbox_newest_and_next();
-    IF c.system_identifier = here AND n.newest < n.next_xid + c.xid_shift THEN
-        RETURN c.xid_shift;
-    END IF;
-    shift := greatest(c.xid_shift, n.newest + 1 - n.next_xid);
+    -- First as it stands; then, to re-base, under the row's lock: whoever
+    -- else resolves meanwhile waits there, and then finds it done (read
+    -- committed) or starts again (repeatable read's 40001).
+    FOR locked IN 0..1 LOOP
+        IF locked = 0 THEN
+            SELECT * INTO STRICT c FROM promotion.outbox_cluster;
+        ELSE
+            SELECT * INTO STRICT c FROM promotion.outbox_cluster FOR UPDATE;
+        END IF;
+        -- The newest id the outbox holds (a row's or the position's) and the
+        -- next id the cluster assigns, from one snapshot: a row it sees was
+        -- written by a transaction below that next id.
+        SELECT coalesce(greatest(
+                (SELECT transaction_id FROM promotion.outbox_messages ORDER BY transaction_id DESC, "offset" DESC LIMIT 1),
+                (SELECT max(last_processed_transaction_id) FROM promotion.outbox_offsets))::text::bigint, 0),
+            pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+        INTO newest, next_xid;
+        IF c.system_identifier = here AND newest < next_xid + c.xid_shift THEN
+            RETURN c.xid_shift;
+        END IF;
+    END LOOP;
+    shift := greatest(c.xid_shift, newest + 1 - next_xid);
     UPDATE promotion.outbox_cluster SET system_identifier = here, xid_shift = shift,
         previous_system_identifier = c.system_identifier, rebases = c.rebases + 1, rebased_at = now();
     RAISE WARNING 'promotion outbox re-based onto cluster %: transaction ids are shifted by % (was % on cluster %)',
         here, shift, c.xid_shift, c.system_identifier
-        USING DETAIL = format('newest outbox id %s, next id of this cluster %s', n.newest, n.next_xid),
+        USING DETAIL = format('newest outbox id %s, next id of this cluster %s', newest, next_xid),
               HINT = 'expected once after a restore into another cluster or a logical-replication upgrade; see docs/runbooks/outbox-backlog.md';
     RETURN shift;
 END $$;
