@@ -16,7 +16,7 @@ import (
 // the relayed rows, and reports the backlog and the writer that holds the
 // relay back.
 func outboxJanitor(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger) message.NoPublishHandlerFunc {
-	clusters := outbox.NewClusterWatch(time.Now())
+	clusters := outbox.NewClusterWatch()
 	return func(msg *message.Message) error {
 		if c, err := outbox.ResolveCluster(msg.Context(), db); err != nil {
 			log.Warn("outbox cluster unresolved", "error", err.Error())

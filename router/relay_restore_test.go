@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -100,7 +101,7 @@ func flatten(txs [][]*message.Message) []*message.Message {
 // TestRelay_RestoreIntoAFreshClusterLosesNothing: a relay on cluster A
 // publishes every purchase's v1; v2 is written on A after it stopped; the
 // database is restored into a fresh cluster B, whose transaction ids lie far
-// below A's, and v3 is written there. The relay on B publishes every v2 and
+// below A's, a promotion process starts there and v3 is written there. The relay on B publishes every v2 and
 // v3, each purchase's versions in order, and its janitor deletes no row
 // before it is published; once all is relayed, the janitor empties the outbox.
 func TestRelay_RestoreIntoAFreshClusterLosesNothing(t *testing.T) {
@@ -122,10 +123,10 @@ func TestRelay_RestoreIntoAFreshClusterLosesNothing(t *testing.T) {
 	writeOutbox(t, s.onA, v2...)
 
 	onB := s.restore(t)
-	writeOutbox(t, onB, v3...)
 	published := topicSize(t, s.topic)
 	started := time.Now()
 	onB.startRouter(t, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	writeOutbox(t, onB, v3...)
 	require.Eventually(t, func() bool { return topicSize(t, s.topic) > published }, time.Minute, 5*time.Millisecond,
 		"the relay on B publishes the events written after A's relay stopped (nothing new for a minute)")
 	t.Logf("the relay on B published its first record %s after it started", time.Since(started).Round(time.Millisecond))
@@ -148,6 +149,7 @@ func TestRelay_RestoreIntoAFreshClusterLosesNothing(t *testing.T) {
 		return onB.db.Get(&rows, `SELECT count(*) FROM `+outbox.MessagesTable) == nil && rows == 0
 	}, time.Minute, 20*time.Millisecond, "the janitor on B deletes the rows its relay published")
 	requireRebasedOnce(t, onB.db)
+	require.EqualValues(t, 1, testutil.ToFloat64(onB.metrics.OutboxRebased), "the process on B saw the re-base")
 }
 
 // TestJanitor_NeverDeletesAnUnpublishedRow: after a restore into a fresh

@@ -25,14 +25,16 @@ type Cluster struct {
 	PreviousSystemIdentifier *int64 `db:"previous_system_identifier" json:"previousSystemIdentifier,omitempty,string"`
 	// RebasedAt is the last re-base's time.
 	RebasedAt *time.Time `db:"rebased_at" json:"rebasedAt,omitempty"`
+	// ReadAt is the database's clock when the record was read.
+	ReadAt time.Time `db:"read_at" json:"-"`
 }
 
 // ReadCluster reads the outbox's cluster record as it stands, without
 // re-basing it (read-only callers such as promoflow status).
 func ReadCluster(ctx context.Context, db *sqlx.DB) (Cluster, error) {
 	var c Cluster
-	if err := db.GetContext(ctx, &c, `SELECT system_identifier, xid_shift, rebases, previous_system_identifier, rebased_at
-		FROM promotion.outbox_cluster`); err != nil {
+	if err := db.GetContext(ctx, &c, `SELECT system_identifier, xid_shift, rebases, previous_system_identifier, rebased_at,
+		now() AS read_at FROM promotion.outbox_cluster`); err != nil {
 		return Cluster{}, fmt.Errorf("read the outbox cluster: %w", err)
 	}
 	return c, nil
@@ -52,23 +54,24 @@ func ResolveCluster(ctx context.Context, db *sqlx.DB) (Cluster, error) {
 // ClusterWatch tells, from the records a process reads in turn, the re-bases
 // that happened while the process ran.
 type ClusterWatch struct {
-	since time.Time
+	start time.Time // monotonic
 	last  *Cluster
 }
 
-// NewClusterWatch counts the re-bases after since (the process's start).
-func NewClusterWatch(since time.Time) *ClusterWatch { return &ClusterWatch{since: since} }
+// NewClusterWatch counts the re-bases from now on (the process's start).
+func NewClusterWatch() *ClusterWatch { return &ClusterWatch{start: time.Now()} }
 
 // Rebased is how many re-bases c shows that the watch had not seen: those
-// since the previous record, or, for the first, one if it re-based after the
-// watch's start.
+// since the previous record, or, for the first, one if it re-based since the
+// watch began. Ages are taken on the database's clock, so that a process
+// whose clock differs still counts the re-base its own start caused.
 func (w *ClusterWatch) Rebased(c Cluster) int64 {
 	last := w.last
 	w.last = &c
 	switch {
 	case last != nil:
 		return max(c.Rebases-last.Rebases, 0)
-	case c.RebasedAt != nil && !c.RebasedAt.Before(w.since):
+	case c.RebasedAt != nil && c.ReadAt.Sub(*c.RebasedAt) <= time.Since(w.start):
 		return 1
 	}
 	return 0
