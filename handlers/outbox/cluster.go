@@ -27,6 +27,9 @@ type Cluster struct {
 	RebasedAt *time.Time `db:"rebased_at" json:"rebasedAt,omitempty"`
 	// ReadAt is the database's clock when the record was read.
 	ReadAt time.Time `db:"read_at" json:"-"`
+	// Here is the system identifier of the cluster the record was read on:
+	// SystemIdentifier until the first writer or relay read there re-bases.
+	Here int64 `db:"here" json:"here,string"`
 }
 
 // ReadCluster reads the outbox's cluster record as it stands, without
@@ -34,7 +37,7 @@ type Cluster struct {
 func ReadCluster(ctx context.Context, db *sqlx.DB) (Cluster, error) {
 	var c Cluster
 	if err := db.GetContext(ctx, &c, `SELECT system_identifier, xid_shift, rebases, previous_system_identifier, rebased_at,
-		now() AS read_at FROM promotion.outbox_cluster`); err != nil {
+		now() AS read_at, (SELECT system_identifier FROM pg_control_system()) AS here FROM promotion.outbox_cluster`); err != nil {
 		return Cluster{}, fmt.Errorf("read the outbox cluster: %w", err)
 	}
 	return c, nil
