@@ -69,7 +69,14 @@ BEGIN
     -- committed) or starts again (repeatable read's 40001).
     FOR locked IN 0..1 LOOP
         IF locked = 0 THEN
-            SELECT * INTO STRICT c FROM promotion.outbox_cluster;
+            SELECT * INTO c FROM promotion.outbox_cluster;
+            IF NOT FOUND THEN
+                -- A schema copied without its rows (pg_dump --schema-only
+                -- for a logical-replication upgrade): a record of no
+                -- cluster, which the re-base below fills in.
+                INSERT INTO promotion.outbox_cluster (system_identifier) VALUES (0) ON CONFLICT DO NOTHING;
+                CONTINUE;
+            END IF;
         ELSE
             SELECT * INTO STRICT c FROM promotion.outbox_cluster FOR UPDATE;
         END IF;
