@@ -46,7 +46,7 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.Relay.RelayPublishTimeout, "relay-publish-timeout", "RELAY_PUBLISH_TIMEOUT", kafkakit.PublishTimeoutDefault,
 		"most time one publish of the relay waits for Kafka; then the relay cuts that producer off and lets another process take the outbox position")
 	s.dur(&c.Relay.RelayPosition.Lease, "relay-position-lease", "RELAY_POSITION_LEASE", outbox.PositionLeaseDefault,
-		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads")
+		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads, and a holder idle in its transaction for twice this (at least 3s) loses its session")
 	s.value(&c.Relay.RelayStandbyFlush, "relay-standby-flush", "RELAY_STANDBY_FLUSH",
 		"publish an outbox page only once these standbys have flushed it: their application_names separated by commas, any (at least one standby), or off; "+
 			"needs pg_read_all_stats (or pg_monitor) for the relay's role; not needed with synchronous replication (docs/operations.md)")

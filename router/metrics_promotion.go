@@ -43,7 +43,10 @@ type PromotionMetrics struct {
 	// (read_only, unavailable, other): each is retried a second later.
 	OutboxRelayErrors *prometheus.CounterVec
 	OutboxCleaned     prometheus.Counter
-	KeysCleaned       prometheus.Counter
+	// OutboxRebased counts the re-bases of the outbox onto another cluster
+	// (a restore, a logical-replication upgrade) seen while this process ran.
+	OutboxRebased prometheus.Counter
+	KeysCleaned   prometheus.Counter
 	// OutboxStandbyHeld is 1 while the standbys of RELAY_STANDBY_FLUSH hold
 	// this process's relay back (outbox.StandbyFlush).
 	OutboxStandbyHeld prometheus.Gauge
@@ -89,7 +92,9 @@ func NewPromotionMetrics(reg prometheus.Registerer) (*PromotionMetrics, error) {
 			"Failed outbox queries of the relay, by reason (read_only: the database takes no writes; unavailable; other); each is retried.",
 			"reason", dberr.ReasonReadOnly, dberr.ReasonUnavailable, dberr.ReasonOther),
 		OutboxCleaned: r.counter("promotion_outbox_cleaned_total", "Relayed outbox rows deleted."),
-		KeysCleaned:   r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
+		OutboxRebased: r.counter("promotion_outbox_rebased_total",
+			"Re-bases of the outbox onto another PostgreSQL cluster seen while this process ran: once after a restore or a logical-replication upgrade."),
+		KeysCleaned: r.counter("promotion_idempotency_keys_cleaned_total", "Idempotency keys deleted after their retention."),
 		OutboxStandbyHeld: r.gauge("promotion_outbox_relay_standby_held",
 			"1 while the relay publishes nothing because the standbys of RELAY_STANDBY_FLUSH have not flushed its page."),
 		OutboxStandbyWait: r.histogram("promotion_outbox_relay_standby_wait_seconds",

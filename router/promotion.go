@@ -174,31 +174,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	})
 
 	janitorTicks := newTickSource(janitorTickTopic, cfg.JanitorInterval, wlog)
-	janitorReadOnly := &dberr.Watch{OnChange: readOnlyLog(log, "outbox janitor", "it deletes no relayed outbox rows until the server takes writes")}
-	r.AddConsumerHandler("outbox_janitor", janitorTickTopic, janitorTicks.pubsub, func(msg *message.Message) error {
-		cleaned, err := outbox.Cleanup(msg.Context(), db)
-		janitorReadOnly.Observe(err)
-		if err != nil && !dberr.ReadOnly(err) {
-			log.Warn("outbox cleanup failed", "error", err.Error())
-		}
-		stats, err := outbox.ReadStats(msg.Context(), db)
-		if err != nil {
-			log.Warn("outbox stats failed", "error", err.Error())
-			return nil
-		}
-		m.ObserveOutbox(stats, cleaned)
-		w, held, err := outbox.OldestWriter(msg.Context(), db)
-		if err != nil {
-			log.Warn("outbox writers failed", "error", err.Error())
-			return nil
-		}
-		m.OutboxHeldBack.Set(w.Age.Seconds())
-		if held && w.Age >= heldBackLogAfter {
-			log.Warn("an outbox writer holds the relay back: no later promotion event reaches Kafka until it ends",
-				"pid", w.PID, "application", w.Application, "state", w.State, "transactionAge", w.Age.Round(time.Millisecond).String())
-		}
-		return nil
-	})
+	r.AddConsumerHandler("outbox_janitor", janitorTickTopic, janitorTicks.pubsub, outboxJanitor(db, m, log))
 	keyTicks := newTickSource(keyJanitorTickTopic, cfg.KeyJanitorInterval, wlog)
 	r.AddConsumerHandler("idempotency_key_janitor", keyJanitorTickTopic, keyTicks.pubsub, func(msg *message.Message) error {
 		n, err := purchase.CleanupIdempotencyKeys(msg.Context(), db, cfg.IdempotencyRetention)
@@ -288,7 +264,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	countError := func(reason string) { m.OutboxRelayErrors.WithLabelValues(reason).Inc() }
 	wsub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
-		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait()),
+		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait(), guard.IdleTimeout()),
 		OffsetsAdapter: outbox.Offsets(),
 		PollInterval:   cfg.OutboxPollInterval,
 		AckDeadline:    &ackDeadline,

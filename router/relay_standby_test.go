@@ -24,14 +24,7 @@ import (
 // would lose its change: a phantom), and reaches Kafka once the standby has
 // it again.
 func TestRelay_PublishesOnlyWhatTheStandbyFlushed(t *testing.T) {
-	t.Parallel()
-	srv := pgtest.StartServer(t, pgtest.ServerOptions{})
-	standby := srv.StartStandby(t, "replica1")
-	b := promotionBundle{db: pgtest.Open(t, pgtest.DatabaseURLOn(t, srv.URL("sslmode=disable"))), topic: kafkatest.Topic(t, 1)}
-	var standbys outbox.Standbys
-	require.NoError(t, standbys.Set("replica1"))
-	b.startRouter(t, router.PromotionConfig{RelayStandbyFlush: standbys, RelayPublishTimeout: 2 * time.Second},
-		expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	b, standby := startStandbyFlushRelay(t, router.PromotionConfig{RelayPublishTimeout: 2 * time.Second})
 
 	writeOutbox(t, b, purchaseEvents(t, 2, "standby-attached"))
 	require.Eventually(t, func() bool { return catalogtest.TopicSize(t, b.topic) == 2 }, 30*time.Second, 20*time.Millisecond,
@@ -95,4 +88,42 @@ func BenchmarkRelayStandbyFlushLatency(b *testing.B) {
 				percentile(delays, .5), percentile(delays, .99), slices.Max(delays), loadAverage())
 		})
 	}
+}
+
+// TestRelay_StandbyWaitKeepsItsPositionSession: a relay that waits for a
+// standby holds its position transaction up to the ack deadline, longer than
+// PostgreSQL's idle limit for it (which ends a frozen holder's session): the
+// wait keeps that session, and another process does not take a position
+// whose holder is healthy.
+func TestRelay_StandbyWaitKeepsItsPositionSession(t *testing.T) {
+	b, standby := startStandbyFlushRelay(t, router.PromotionConfig{})
+	standby.Detach(t)
+	writeOutbox(t, b, purchaseEvents(t, 1, "standby-wait"))
+	var pid int
+	require.Eventually(t, func() bool {
+		var err error
+		pid, err = holderPid(b.db)
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "the relay holds the position while it waits for the standby")
+	// The ack deadline is 12 s after the read; the idle limit is 4 s.
+	require.Never(t, func() bool {
+		var n int
+		return b.db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == nil && n == 0
+	}, 7*time.Second, 50*time.Millisecond, "the relay's position session (pid %d) ended while it waited for the standby", pid)
+	standby.Attach(t)
+	require.Eventually(t, func() bool { return catalogtest.TopicSize(t, b.topic) == 1 }, time.Minute, 50*time.Millisecond,
+		"the event is published once the standby has it")
+}
+
+// startStandbyFlushRelay runs a promotion process on a private primary with
+// RELAY_STANDBY_FLUSH naming its one standby, replica1.
+func startStandbyFlushRelay(t *testing.T, cfg router.PromotionConfig) (promotionBundle, *pgtest.Server) {
+	t.Helper()
+	t.Parallel()
+	srv := pgtest.StartServer(t, pgtest.ServerOptions{})
+	standby := srv.StartStandby(t, "replica1")
+	b := promotionBundle{db: pgtest.Open(t, pgtest.DatabaseURLOn(t, srv.URL("sslmode=disable"))), topic: kafkatest.Topic(t, 1)}
+	require.NoError(t, cfg.RelayStandbyFlush.Set("replica1"))
+	b.startRouter(t, cfg, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	return b, standby
 }

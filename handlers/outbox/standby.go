@@ -138,6 +138,8 @@ func (f *StandbyFlush) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if flushed {
 			return h(msg)
 		}
+		stop := keepBusy(tx)
+		defer stop()
 		if err := f.wait(msg.Context()); err != nil {
 			if msg.Context().Err() != nil && !errors.Is(msg.Context().Err(), context.DeadlineExceeded) {
 				return nil, err // a shutdown, not a standby behind
@@ -150,12 +152,49 @@ func (f *StandbyFlush) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 			return nil, err
 		}
+		stop()
 		f.mu.Lock()
 		f.lastTx = tx
 		f.mu.Unlock()
 		f.setHeld(false, nil)
 		return h(msg)
 	}
+}
+
+// busyEvery is how often keepBusy runs a statement on the position's
+// transaction: well within its idle limit (PositionGuardConfig.IdleTimeout,
+// 3 s at least).
+const busyEvery = time.Second
+
+// keepBusy runs a statement on tx (nil: none) every busyEvery until the
+// returned stop, which may be called more than once: the wait for the
+// standbys, and the hold to the ack deadline after it, keep the position's
+// transaction idle for longer than PostgreSQL's idle limit for it, which
+// would end a healthy holder's session as it ends a frozen one's.
+func keepBusy(tx *sql.Tx) (stop func()) {
+	if tx == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(busyEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				// A failure is the session's end: the position guard finds
+				// it before anything is published.
+				if _, err := tx.Exec(`SELECT 1`); err != nil {
+					return
+				}
+			}
+		}
+	})
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
 }
 
 // wait polls until the standbys have flushed the WAL insert position read

@@ -23,7 +23,10 @@ type Outbox struct {
 	HeldBackBy *Writer `json:"heldBackBy"`
 	// Topic is the purchase topic as the relay judges it (outbox.TopicGuard).
 	Topic PurchaseTopic `json:"topic"`
-	lag   time.Duration
+	// Cluster is the PostgreSQL cluster the outbox records, and its xid
+	// shift (docs/architecture.md, "The relay across a restore").
+	Cluster outbox.Cluster `json:"cluster"`
+	lag     time.Duration
 }
 
 // PurchaseTopic is the purchase topic as the cluster has it, beside the
@@ -83,6 +86,10 @@ func (r *Reader) outbox(ctx context.Context) (s Outbox) {
 	}
 	if held {
 		s.HeldBackBy = &Writer{Writer: w, AgeSeconds: seconds(w.Age)}
+	}
+	if s.Cluster, err = outbox.ReadCluster(ctx, r.cfg.DB); err != nil {
+		s.failed(err)
+		return s
 	}
 	if s.Topic, err = r.purchaseTopic(ctx); err != nil {
 		// Kafka's own health is the consumer part's: the outbox stays readable.
