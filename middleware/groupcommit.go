@@ -54,6 +54,9 @@ type GroupCommitConfig struct {
 	Dedup DedupConfig
 	// OnBatch, if set, is called after each transaction with its size (for a metric).
 	OnBatch func(size int, took time.Duration)
+	// Offsets, if set, stores each partition's next offset in every
+	// transaction, with the effects of its records (offsets.go).
+	Offsets *Offsets
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -87,7 +90,9 @@ type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R,
 // were new are applied by one ApplyFunc call, and all of it commits together
 // before any of their handlers returns, so each message is acked only after
 // its effect and its dedup mark committed (seed: replica, card boosts and
-// dedup mark commit together, then the offset is acked).
+// dedup mark commit together, then the offset is acked). With
+// GroupCommitConfig.Offsets, the same transaction stores, last, each
+// partition's next offset that its messages move on (offsets.go).
 //
 // The subscriber's lanes keep a purchase's messages one after the other,
 // so a transaction holds at most one message of each purchase of a topic,
@@ -116,6 +121,9 @@ type waiter[T, R any] struct {
 	key, serial string
 	item        T
 	locks       int
+	// pos is the message's record, when a subscriber delivered it (hasPos).
+	pos    Position
+	hasPos bool
 	// origin is the span of the message's handler, which the transaction's
 	// span continues or links to.
 	origin trace.SpanContext
@@ -158,6 +166,7 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 	}
 	w := &waiter[T, R]{key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
 		locks: g.locks(item), origin: trace.SpanContextFromContext(msg.Context()), done: make(chan struct{})}
+	w.pos, w.hasPos = PositionOf(msg)
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	if g.running < g.cfg.Workers {
@@ -309,6 +318,16 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
 		if len(results) != len(items) {
 			return fmt.Errorf("unit of work: %d results for %d items", len(results), len(items))
 		}
+	}
+	// Duplicates too: their records are done, and the offset moves past them.
+	var positions []Position
+	for _, w := range batch {
+		if w.hasPos {
+			positions = append(positions, w.pos)
+		}
+	}
+	if err := g.cfg.Offsets.StoreTx(ctx, tx, positions); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit unit of work: %w", err)

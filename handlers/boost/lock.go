@@ -25,7 +25,11 @@ import (
 //     The apply statement that follows writes only rows it holds, so it
 //     never waits and never re-checks a row (EvalPlanQual): two batches on
 //     shared cards queue in this cheap statement instead;
-//  3. the contribution table (the apply statement), last.
+//  3. the contribution table (the apply statement);
+//  4. the consumer's offset rows (catalog.consumer_offsets, in topic and
+//     partition order), last, when the transaction is the consumer's unit
+//     of work: two batches of one partition wait there for each other only
+//     once they hold everything else, and no other writer takes them.
 //
 // A whole-projection writer (a rebuild's switch, LockProjectionTx;
 // RecomputeAllTx: lockProjectionSQL) takes the three tables EXCLUSIVE in the
