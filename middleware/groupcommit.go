@@ -110,6 +110,9 @@ type GroupCommit[T, R any] struct {
 	mu      sync.Mutex
 	queue   []*waiter[T, R]
 	running int
+	// busy marks the worker slots in use, one per running lead: each
+	// stores its offsets in rows of its own slot (offsets.go).
+	busy []bool
 }
 
 // waiter is one message waiting for its transaction. It holds what the
@@ -171,7 +174,7 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 	g.queue = append(g.queue, w)
 	if g.running < g.cfg.Workers {
 		g.running++
-		go g.lead()
+		go g.lead(g.takeSlot())
 	}
 	g.mu.Unlock()
 
@@ -204,18 +207,30 @@ func (g *GroupCommit[T, R]) Waiting() int {
 	return n
 }
 
+// takeSlot marks a free worker slot busy and returns it; g.mu is held, and
+// fewer than Workers leads run.
+func (g *GroupCommit[T, R]) takeSlot() int {
+	if g.busy == nil {
+		g.busy = make([]bool, g.cfg.Workers)
+	}
+	slot := slices.Index(g.busy, false)
+	g.busy[slot] = true
+	return slot
+}
+
 // lead runs transactions while messages wait, then ends.
-func (g *GroupCommit[T, R]) lead() {
+func (g *GroupCommit[T, R]) lead(slot int) {
 	for {
 		g.mu.Lock()
 		batch := g.take()
 		if len(batch) == 0 {
 			g.running--
+			g.busy[slot] = false
 			g.mu.Unlock()
 			return
 		}
 		g.mu.Unlock()
-		g.run(batch)
+		g.run(batch, slot)
 	}
 }
 
@@ -246,14 +261,14 @@ func (g *GroupCommit[T, R]) take() []*waiter[T, R] {
 
 // run commits batch, or each of its waiters alone when it fails, and
 // releases them.
-func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
+func (g *GroupCommit[T, R]) run(batch []*waiter[T, R], slot int) {
 	start := time.Now()
-	if err := g.commit(batch); err != nil {
+	if err := g.commit(batch, slot); err != nil {
 		if len(batch) == 1 {
 			batch[0].err = err
 		} else {
 			for _, w := range batch {
-				w.err = g.commit([]*waiter[T, R]{w})
+				w.err = g.commit([]*waiter[T, R]{w}, slot)
 			}
 		}
 	}
@@ -271,7 +286,7 @@ func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
 // applies events of as many traces as waiters: it continues the one
 // handler's process span of a batch of one, and links to each of a larger
 // batch (StartBatchSpan).
-func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
+func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R], slot int) (err error) {
 	origins := make([]trace.SpanContext, len(batch))
 	for i, w := range batch {
 		origins[i] = w.origin
@@ -326,7 +341,7 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
 			positions = append(positions, w.pos)
 		}
 	}
-	if err := g.cfg.Offsets.StoreTx(ctx, tx, positions); err != nil {
+	if err := g.cfg.Offsets.StoreTx(ctx, tx, slot, positions); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {

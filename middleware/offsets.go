@@ -134,20 +134,22 @@ func (o *Offsets) nexts(positions []Position) []Position {
 }
 
 // StoreTx writes, in tx, the next offset of each partition that the records
-// at positions move on. It goes last in the transaction (the lock order of
-// handlers/boost/lock.go), rows in topic and partition order, so that two
-// transactions on the same partitions wait for each other only at the end
-// and never deadlock.
-func (o *Offsets) StoreTx(ctx context.Context, tx *sqlx.Tx, positions []Position) error {
+// at positions move on, in the rows of slot, the group commit's worker: the
+// transactions of two workers, which often touch the same partitions, then
+// never wait for each other's commit on a row, and the seek takes the
+// highest of a partition's rows (each row alone never passes an uncommitted
+// record). It goes last in the transaction (the lock order of
+// handlers/boost/lock.go), rows in topic and partition order.
+func (o *Offsets) StoreTx(ctx context.Context, tx *sqlx.Tx, slot int, positions []Position) error {
 	if o == nil || len(positions) == 0 {
 		return nil
 	}
-	return upsertOffsets(ctx, tx, o.nexts(positions))
+	return upsertOffsets(ctx, tx, slot, o.nexts(positions))
 }
 
 // upsertOffsets moves each partition's row forward to its next offset, in
 // the caller's transaction or in one of its own.
-func upsertOffsets(ctx context.Context, tx sqlx.ExecerContext, nexts []Position) error {
+func upsertOffsets(ctx context.Context, tx sqlx.ExecerContext, slot int, nexts []Position) error {
 	if len(nexts) == 0 {
 		return nil
 	}
@@ -158,24 +160,26 @@ func upsertOffsets(ctx context.Context, tx sqlx.ExecerContext, nexts []Position)
 	for i, n := range nexts {
 		topics[i], parts[i], offsets[i] = n.Topic, n.Partition, n.Offset
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.consumer_offsets AS o (topic, partition, next_offset)
-		SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) ORDER BY 1, 2
-		ON CONFLICT (topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
-		WHERE o.next_offset < EXCLUDED.next_offset`, pq.Array(topics), pq.Array(parts), pq.Array(offsets))
+	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.consumer_offsets AS o (topic, partition, slot, next_offset)
+		SELECT t, p, $4, n FROM unnest($1::text[], $2::int[], $3::bigint[]) AS r (t, p, n) ORDER BY 1, 2
+		ON CONFLICT (topic, partition, slot) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+		WHERE o.next_offset < EXCLUDED.next_offset`, pq.Array(topics), pq.Array(parts), pq.Array(offsets), slot)
 	if err != nil {
 		return fmt.Errorf("store consumer offsets: %w", err)
 	}
 	return nil
 }
 
-// Stored is the next offset of each partition of topic that has one.
+// Stored is the next offset of each partition of topic that has rows: the
+// highest of them.
 func (o *Offsets) Stored(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
 	var rows []struct {
 		Partition int32 `db:"partition"`
 		Next      int64 `db:"next_offset"`
 	}
-	if err := o.db.SelectContext(ctx, &rows, `SELECT partition, next_offset FROM catalog.consumer_offsets
-		WHERE topic = $1 AND partition = ANY($2::int[])`, topic, pq.Array(partitions)); err != nil {
+	if err := o.db.SelectContext(ctx, &rows, `SELECT partition, max(next_offset) AS next_offset
+		FROM catalog.consumer_offsets WHERE topic = $1 AND partition = ANY($2::int[]) GROUP BY partition`,
+		topic, pq.Array(partitions)); err != nil {
 		return nil, fmt.Errorf("read consumer offsets of %s: %w", topic, err)
 	}
 	out := make(map[int32]int64, len(rows))
@@ -184,6 +188,10 @@ func (o *Offsets) Stored(ctx context.Context, topic string, partitions []int32) 
 	}
 	return out, nil
 }
+
+// cleanupSlot holds the marks a session's cleanup stores, apart from the
+// group commit's workers.
+const cleanupSlot = -1
 
 // Seeker wraps a consumer group handler so that each session starts every
 // claimed partition at its stored offset. A session whose offsets cannot be
@@ -212,7 +220,7 @@ func (s seeker) Cleanup(sess sarama.ConsumerGroupSession) error {
 	if len(marks) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), SeekTimeoutDefault)
 		defer cancel()
-		if err := upsertOffsets(ctx, s.offsets.db, marks); err != nil {
+		if err := upsertOffsets(ctx, s.offsets.db, cleanupSlot, marks); err != nil {
 			s.offsets.log.Warn("consumer-offsets-not-stored", "partitions", len(marks), "error", err.Error())
 		}
 	}

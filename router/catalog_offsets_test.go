@@ -163,7 +163,8 @@ func TestCatalog_OffsetRowCommitsOrRollsBackWithTheProjection(t *testing.T) {
 		Partition int32 `db:"partition"`
 		Next      int64 `db:"next_offset"`
 	}
-	require.NoError(t, b.DB.Select(&rows, `SELECT partition, next_offset FROM catalog.consumer_offsets WHERE topic = $1`, b.Cfg.Topic))
-	require.Len(t, rows, 1, "one row, for the record's partition")
+	require.NoError(t, b.DB.Select(&rows, `SELECT partition, max(next_offset) AS next_offset
+		FROM catalog.consumer_offsets WHERE topic = $1 GROUP BY partition`, b.Cfg.Topic))
+	require.Len(t, rows, 1, "rows for the record's partition only")
 	require.Equal(t, ends[rows[0].Partition], rows[0].Next, "the row is at the offset after the record")
 }

@@ -28,8 +28,10 @@ import (
 //  3. the contribution table (the apply statement);
 //  4. the consumer's offset rows (catalog.consumer_offsets, in topic and
 //     partition order), last, when the transaction is the consumer's unit
-//     of work: two batches of one partition wait there for each other only
-//     once they hold everything else, and no other writer takes them.
+//     of work. Each group-commit worker writes rows of its own slot, so the
+//     batches of one process never wait for each other there; the rows of
+//     another process's worker only around a rebalance, once they hold
+//     everything else. No other writer takes them.
 //
 // A whole-projection writer (a rebuild's switch, LockProjectionTx;
 // RecomputeAllTx: lockProjectionSQL) takes the three tables EXCLUSIVE in the
