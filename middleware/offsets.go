@@ -41,8 +41,15 @@ const SeekTimeoutDefault = 10 * time.Second
 // a transaction stores the end of the run, from that order's head, of
 // records that are done (acked) or in the transaction itself. A record that
 // went to the DLQ is done once acked; after a restore it may be dead-lettered
-// again. An offset row only moves forward, so that a transaction that
-// commits late, or a member that lost the partition, never moves it back.
+// again. An ack after the session ended is not done: the retry acks a
+// record it yields to the partition's next owner without applying it. An
+// offset row only moves forward, so that a transaction that commits late,
+// or a member that lost the partition, never moves it back.
+//
+// router's TestCatalog_OffsetsLiveWithTheProjection fails the catalog
+// database over to a standby that missed the last transactions and sees
+// every lost event applied again; TestCatalog_OffsetRowCommitsOrRollsBackWithTheProjection
+// sees a failed offset write roll the projection back with it.
 type Offsets struct {
 	db  *sqlx.DB
 	log *slog.Logger
