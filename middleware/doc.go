@@ -33,6 +33,12 @@
 //     a call to the store: it continues the process span of a transaction
 //     of one event and links to each process span of a shared one.
 //
+// Beside the chain, Offsets (offsets.go): the unit of work's transaction also
+// stores each partition's next offset, so the consumer's position lives with
+// the projection, and each consumer group session seeks every claimed
+// partition there: a failover or a restore of the catalog database replays
+// what the database lost, whatever Kafka's committed offset says.
+//
 // A projection rebuild replays the topic through steps 4 to 7: a record that
 // fails for good was dead-lettered once already.
 package middleware

@@ -54,6 +54,9 @@ type GroupCommitConfig struct {
 	Dedup DedupConfig
 	// OnBatch, if set, is called after each transaction with its size (for a metric).
 	OnBatch func(size int, took time.Duration)
+	// Offsets, if set, stores each partition's next offset in every
+	// transaction, with the effects of its records (offsets.go).
+	Offsets *Offsets
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -87,7 +90,9 @@ type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R,
 // were new are applied by one ApplyFunc call, and all of it commits together
 // before any of their handlers returns, so each message is acked only after
 // its effect and its dedup mark committed (seed: replica, card boosts and
-// dedup mark commit together, then the offset is acked).
+// dedup mark commit together, then the offset is acked). With
+// GroupCommitConfig.Offsets, the same transaction stores, last, each
+// partition's next offset that its messages move on (offsets.go).
 //
 // The subscriber's lanes keep a purchase's messages one after the other,
 // so a transaction holds at most one message of each purchase of a topic,
@@ -105,6 +110,9 @@ type GroupCommit[T, R any] struct {
 	mu      sync.Mutex
 	queue   []*waiter[T, R]
 	running int
+	// busy marks the worker slots in use, one per running lead: each
+	// stores its offsets in rows of its own slot (offsets.go).
+	busy []bool
 }
 
 // waiter is one message waiting for its transaction. It holds what the
@@ -116,6 +124,9 @@ type waiter[T, R any] struct {
 	key, serial string
 	item        T
 	locks       int
+	// pos is the message's record, when a subscriber delivered it (hasPos).
+	pos    Position
+	hasPos bool
 	// origin is the span of the message's handler, which the transaction's
 	// span continues or links to.
 	origin trace.SpanContext
@@ -158,11 +169,12 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 	}
 	w := &waiter[T, R]{key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
 		locks: g.locks(item), origin: trace.SpanContextFromContext(msg.Context()), done: make(chan struct{})}
+	w.pos, w.hasPos = PositionOf(msg)
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	if g.running < g.cfg.Workers {
 		g.running++
-		go g.lead()
+		go g.lead(g.takeSlot())
 	}
 	g.mu.Unlock()
 
@@ -195,18 +207,30 @@ func (g *GroupCommit[T, R]) Waiting() int {
 	return n
 }
 
+// takeSlot marks a free worker slot busy and returns it; g.mu is held, and
+// fewer than Workers leads run.
+func (g *GroupCommit[T, R]) takeSlot() int {
+	if g.busy == nil {
+		g.busy = make([]bool, g.cfg.Workers)
+	}
+	slot := slices.Index(g.busy, false)
+	g.busy[slot] = true
+	return slot
+}
+
 // lead runs transactions while messages wait, then ends.
-func (g *GroupCommit[T, R]) lead() {
+func (g *GroupCommit[T, R]) lead(slot int) {
 	for {
 		g.mu.Lock()
 		batch := g.take()
 		if len(batch) == 0 {
 			g.running--
+			g.busy[slot] = false
 			g.mu.Unlock()
 			return
 		}
 		g.mu.Unlock()
-		g.run(batch)
+		g.run(batch, slot)
 	}
 }
 
@@ -237,14 +261,14 @@ func (g *GroupCommit[T, R]) take() []*waiter[T, R] {
 
 // run commits batch, or each of its waiters alone when it fails, and
 // releases them.
-func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
+func (g *GroupCommit[T, R]) run(batch []*waiter[T, R], slot int) {
 	start := time.Now()
-	if err := g.commit(batch); err != nil {
+	if err := g.commit(batch, slot); err != nil {
 		if len(batch) == 1 {
 			batch[0].err = err
 		} else {
 			for _, w := range batch {
-				w.err = g.commit([]*waiter[T, R]{w})
+				w.err = g.commit([]*waiter[T, R]{w}, slot)
 			}
 		}
 	}
@@ -262,7 +286,7 @@ func (g *GroupCommit[T, R]) run(batch []*waiter[T, R]) {
 // applies events of as many traces as waiters: it continues the one
 // handler's process span of a batch of one, and links to each of a larger
 // batch (StartBatchSpan).
-func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
+func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R], slot int) (err error) {
 	origins := make([]trace.SpanContext, len(batch))
 	for i, w := range batch {
 		origins[i] = w.origin
@@ -309,6 +333,16 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R]) (err error) {
 		if len(results) != len(items) {
 			return fmt.Errorf("unit of work: %d results for %d items", len(results), len(items))
 		}
+	}
+	// Duplicates too: their records are done, and the offset moves past them.
+	var positions []Position
+	for _, w := range batch {
+		if w.hasPos {
+			positions = append(positions, w.pos)
+		}
+	}
+	if err := g.cfg.Offsets.StoreTx(ctx, tx, slot, positions); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit unit of work: %w", err)

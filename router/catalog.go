@@ -147,7 +147,9 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	}
 	c := &Catalog{Router: r, enabled: cfg.Enabled}
 	claims := middleware.NewClaims()
-	mw, err := newCatalogMiddlewares(db, m, log, cfg, claims)
+	// The consumer's offsets live with its projection (middleware/offsets.go).
+	offsets := middleware.NewOffsets(db, log)
+	mw, err := newCatalogMiddlewares(db, m, log, cfg, claims, offsets)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +189,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		if topic == cfg.Topic {
 			onSession = m.GroupSessions.Inc
 		}
-		sub, readAhead, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer(onSession), m.ReadAheadBytes)
+		sub, readAhead, err := NewConsumerGroupSubscriber(cfg.Kafka, group, cfg.Buffers, wlog, claims.Tracer(onSession), m.ReadAheadBytes, offsets)
 		if err != nil {
 			return nil, err
 		}
@@ -209,7 +211,8 @@ type catalogMiddlewares struct {
 	close                           func() error
 }
 
-func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims) (catalogMiddlewares, error) {
+func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogConfig, claims *middleware.Claims,
+	offsets *middleware.Offsets) (catalogMiddlewares, error) {
 	retry, err := middleware.Retry(middleware.RetryConfig{
 		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
 		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
@@ -234,6 +237,7 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
 		},
 		OnBatch: func(size int, _ time.Duration) { m.BatchSize.Observe(float64(size)) },
+		Offsets: offsets,
 	}, apply, boost.Locks)
 	if err != nil {
 		return catalogMiddlewares{}, errors.Join(err, closeApply())

@@ -328,7 +328,8 @@ func (p *catalogProcess) stop(b *testing.B) {
 }
 
 // waitLagZero waits until group has committed the end of every partition of topic.
-func waitLagZero(b *testing.B, group, topic string) {
+func waitLagZero(b testing.TB, group, topic string) {
+	b.Helper()
 	ends := catalogtest.PartitionSizes(b, topic)
 	admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(b), kafkatest.Cluster(b).ClientConfig("promoflow-bench"))
 	require.NoError(b, err)

@@ -116,9 +116,12 @@ func (c ConsumerBuffers) apply(sc *sarama.Config) {
 // sized by buffers (zero fields: their defaults). Its read-ahead in bytes
 // counts a record as handled once the returned middleware, which goes
 // outermost on the subscriber's handler, has seen the handler return.
-// tracer and gauge (the bytes read ahead) may be nil.
+// tracer and gauge (the bytes read ahead) may be nil. With offsets set,
+// each session starts every claimed partition at the offset the database
+// stored, when it has one (middleware.Offsets); nil: at Kafka's committed
+// offset.
 func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers ConsumerBuffers, wlog watermillLogger,
-	tracer kafka.SaramaTracer, gauge prometheus.Gauge) (*kafka.Subscriber, message.HandlerMiddleware, error) {
+	tracer kafka.SaramaTracer, gauge prometheus.Gauge, offsets *middleware.Offsets) (*kafka.Subscriber, message.HandlerMiddleware, error) {
 	if err := buffers.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -142,7 +145,7 @@ func NewConsumerGroupSubscriber(cluster kafkakit.Cluster, group string, buffers 
 		Brokers: cluster.Brokers, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: group,
 		// A nack (a failed DLQ publish, a shutdown) redelivers after 1s, not in a hot loop.
 		NackResendSleep: time.Second,
-		Tracer:          gate.Tracer(laneTracer{SaramaTracer: tracer, n: buffers.Lanes, inFlight: buffers.InFlight}),
+		Tracer:          gate.Tracer(laneTracer{SaramaTracer: tracer, n: buffers.Lanes, inFlight: buffers.InFlight, offsets: offsets}),
 	}, wlog)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kafka subscriber %s: %w", group, err)

@@ -29,6 +29,6 @@ func TestConsumerBuffers_SizeTheSubscribersSaramaConfig(t *testing.T) {
 		"a response smaller than one partition's fetch")
 	require.Error(t, ConsumerBuffers{ReadAhead: -1}.Validate())
 	require.Error(t, ConsumerBuffers{ReadAheadBytes: -1}.Validate())
-	_, _, err := NewConsumerGroupSubscriber(kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, "g", ConsumerBuffers{ReadAhead: -1}, nil, nil, nil)
+	_, _, err := NewConsumerGroupSubscriber(kafkakit.Cluster{Brokers: []string{"127.0.0.1:1"}}, "g", ConsumerBuffers{ReadAhead: -1}, nil, nil, nil, nil)
 	require.Error(t, err)
 }

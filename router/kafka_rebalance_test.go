@@ -138,7 +138,7 @@ func runMember(t *testing.T, topic, group string, claims *middleware.Claims, onS
 func runMemberWith(t *testing.T, topic, group string, buffers router.ConsumerBuffers, gauge prometheus.Gauge,
 	tracer kafka.SaramaTracer, h message.NoPublishHandlerFunc) (stop func()) {
 	t.Helper()
-	sub, readAhead, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, buffers, watermill.NopLogger{}, tracer, gauge)
+	sub, readAhead, err := router.NewConsumerGroupSubscriber(kafkatest.Cluster(t), group, buffers, watermill.NopLogger{}, tracer, gauge, nil)
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

@@ -2,10 +2,13 @@ package router
 
 import (
 	"hash/maphash"
+	"slices"
 	"sync"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
+	"github.com/promoflow/promoflow/middleware"
 )
 
 // LanesDefault is how many records of one partition the consumer hands on
@@ -46,20 +49,31 @@ type lanes struct {
 	next  sarama.ConsumerGroupHandler
 	n     int
 	slots chan struct{}
+	// offsets, when set, learns each claimed partition's order (its Run),
+	// by which the unit of work stores offsets that pass only committed
+	// records.
+	offsets *middleware.Offsets
 }
 
 // laneTracer puts lanes innermost, around watermill-kafka's handler, below
-// the wraps of next (the claims record, the read-ahead).
+// the wraps of next (the claims record, the read-ahead), and the seek to
+// the stored offsets outermost.
 type laneTracer struct {
 	kafka.SaramaTracer
 	n, inFlight int
+	offsets     *middleware.Offsets
 }
 
 func (t laneTracer) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
-	if t.n > 1 {
-		h = lanes{next: h, n: t.n, slots: make(chan struct{}, t.inFlight)}
+	// With offsets stored, a single lane too: its order is what they follow.
+	if t.n > 1 || t.offsets != nil {
+		h = lanes{next: h, n: t.n, slots: make(chan struct{}, t.inFlight), offsets: t.offsets}
 	}
-	return t.SaramaTracer.WrapConsumerGroupHandler(h)
+	h = t.SaramaTracer.WrapConsumerGroupHandler(h)
+	if t.offsets != nil {
+		h = t.offsets.Seeker(h)
+	}
+	return h
 }
 
 func (l lanes) Setup(sess sarama.ConsumerGroupSession) error   { return l.next.Setup(sess) }
@@ -86,6 +100,10 @@ func laneOf(key []byte, n int) int {
 func (l lanes) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	order := &inOrder{sess: sess, slots: l.slots}
 	marking := markInOrder{ConsumerGroupSession: sess, order: order}
+	if l.offsets != nil {
+		release := l.offsets.Claim(claim.Topic(), claim.Partition(), order)
+		defer func() { release(order.lastMarked()) }()
+	}
 	feeds := make([]chan *sarama.ConsumerMessage, l.n)
 	errs := make([]error, l.n)
 	stopped := make(chan struct{}) // closed when the first lane returns
@@ -171,6 +189,26 @@ type inOrder struct {
 	done    map[int64]string          // acked, not yet marked: metadata by offset
 	laneAt  map[int64]int             // the lane of each record handed over and not acked
 	out     map[int]int               // records handed over and not acked, by lane
+	marked  int64                     // the offset after the last record marked, 0 before the first
+}
+
+// Next is the offset after the run of records, from the partition's head,
+// that are acked or among offsets (middleware.Run); nothing once the
+// session ended.
+func (o *inOrder) Next(offsets []int64) (int64, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sess.Context().Err() != nil {
+		return 0, false
+	}
+	next := o.marked
+	for _, msg := range o.pending {
+		if _, acked := o.done[msg.Offset]; !acked && !slices.Contains(offsets, msg.Offset) {
+			break
+		}
+		next = msg.Offset + 1
+	}
+	return next, next > 0
 }
 
 // fetched hands msg over to lane when the lane has records out already,
@@ -202,6 +240,13 @@ func (o *inOrder) handOver(msg *sarama.ConsumerMessage, lane int) {
 	o.out[lane]++
 }
 
+// lastMarked is the offset after the last record marked, 0 before the first.
+func (o *inOrder) lastMarked() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.marked
+}
+
 // open counts the lanes that still have records out, and forgets them.
 func (o *inOrder) open() int {
 	o.mu.Lock()
@@ -225,6 +270,12 @@ func (o *inOrder) acked(msg *sarama.ConsumerMessage, metadata string) {
 			<-o.slots
 		}
 	}
+	if o.sess.Context().Err() != nil {
+		// The session ended: the retry acks a record it yields to the
+		// partition's next owner without applying it, so an ack now says
+		// nothing of the record, and nothing of this session is committed.
+		return
+	}
 	o.done[msg.Offset] = metadata
 	var last *sarama.ConsumerMessage
 	var lastMeta string
@@ -242,5 +293,6 @@ func (o *inOrder) acked(msg *sarama.ConsumerMessage, metadata string) {
 	}
 	clear(o.pending[:i]) // the records, and the fetch buffers they point into, are free to go
 	o.pending = o.pending[i:]
+	o.marked = last.Offset + 1
 	o.sess.MarkMessage(last, lastMeta)
 }

@@ -25,7 +25,13 @@ import (
 //     The apply statement that follows writes only rows it holds, so it
 //     never waits and never re-checks a row (EvalPlanQual): two batches on
 //     shared cards queue in this cheap statement instead;
-//  3. the contribution table (the apply statement), last.
+//  3. the contribution table (the apply statement);
+//  4. the consumer's offset rows (catalog.consumer_offsets, in topic and
+//     partition order), last, when the transaction is the consumer's unit
+//     of work. Each group-commit worker writes rows of its own slot, so the
+//     batches of one process never wait for each other there; the rows of
+//     another process's worker only around a rebalance, once they hold
+//     everything else. No other writer takes them.
 //
 // A whole-projection writer (a rebuild's switch, LockProjectionTx;
 // RecomputeAllTx: lockProjectionSQL) takes the three tables EXCLUSIVE in the

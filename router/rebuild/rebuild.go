@@ -43,8 +43,10 @@
 // Nothing the live consumer applied is lost: the final ends are read while no
 // writer of the projection can commit, so every event it committed lies below
 // them and is in the new projection. Nothing is skipped either: the group's
-// offsets and dedup marks stay as they are, so the consumer goes on from where
-// it was; an event below the final ends that it reads after the switch finds
+// offsets, the consumer's offsets stored with the projection
+// (catalog.consumer_offsets, each written by a committed consumer
+// transaction, so at most the final ends) and the dedup marks stay as they
+// are, so the consumer goes on from where it was; an event below the final ends that it reads after the switch finds
 // its effect there already and is a no-op by the version guard, and one past
 // them is applied to the new projection as usual.
 //
