@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +48,8 @@ func (c *promotionConfig) register(s *settings) {
 		"most time one publish of the relay waits for Kafka; then the relay cuts that producer off and lets another process take the outbox position")
 	s.dur(&c.Relay.RelayPosition.Lease, "relay-position-lease", "RELAY_POSITION_LEASE", outbox.PositionLeaseDefault,
 		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads")
+	s.str(&c.Relay.RelayTransactionalID, "relay-transactional-id", "RELAY_TRANSACTIONAL_ID", "",
+		"Kafka transactional.id of the relay's producer, the same in every promotion process of one outbox: the process that takes the outbox position fences the producer of the one before it (default promoflow-promotion-relay.<topic>)")
 	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }
@@ -56,6 +59,7 @@ func (c *promotionConfig) wire() {
 	c.Expire.Topic, c.Purchases.Topic = c.Topic, c.Topic
 	c.Relay.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	c.Relay.IdempotencyRetention = c.Purchases.IdempotencyRetention
+	c.Relay.RelayTransactionalID = cmp.Or(c.Relay.RelayTransactionalID, router.RelayTransactionalID(c.Topic))
 }
 
 func (c promotionConfig) validate() error {

@@ -51,7 +51,17 @@ type PromotionConfig struct {
 	// RelayPosition is the relay's guard of its outbox position: how long a
 	// good check of its session lets it write to Kafka (see addRelay).
 	RelayPosition outbox.PositionGuardConfig
+	// RelayTransactionalID is the Kafka transactional.id of the relay's
+	// producer, the same in every process that relays one outbox
+	// (RelayTransactionalID(topic)): each publish is a Kafka transaction, and
+	// a process that takes the position fences the producer of the one
+	// before it (see addRelay). Empty: publishes without transactions.
+	RelayTransactionalID string
 }
+
+// RelayTransactionalID is the default transactional.id of the relays that
+// publish to topic.
+func RelayTransactionalID(topic string) string { return "promoflow-promotion-relay." + topic }
 
 // Defaults of PromotionConfig.
 const (
@@ -219,13 +229,24 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // RelayPosition.Lease after the last good check of the session, and a
 // process that takes the position from a holder that did not commit waits
 // longer than that before it reads.
+//
+// A holder frozen mid-publish (its session alive until the database ends it)
+// may have built or sent requests its lease no longer governs when it thaws.
+// With RelayTransactionalID each publish is one Kafka transaction, and the
+// process that takes the position over fences the frozen one's producer with
+// its first publish: what the frozen one had sent is aborted, what it sends
+// afterwards is refused (kafkakit/transaction.go), and the consumers, which
+// read read_committed, see neither.
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	stepCfg := cfg.RelayStepBack
 	if stepCfg.Probe == nil {
 		stepCfg.Probe = cfg.Kafka.Ping
 	}
 	stepCfg.PublishTimeout = cfg.RelayPublishTimeout
-	// A publish refused for the lease lost its position, not Kafka.
+	// A publish refused for the lease lost its position, not Kafka. A fenced
+	// one is not excused: two processes that each fence the other's producer
+	// within their leases both think they hold the position, and stepping
+	// back is what ends it.
 	stepCfg.Excuse = func(err error) bool { return errors.Is(err, kafkakit.ErrLeaseExpired) }
 	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
 		if back {
@@ -267,7 +288,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
 			Marshaler: kafkakit.KeyedMarshaler{Key: event.PartitionKey}, Timeout: cfg.RelayPublishTimeout,
-			Lease: guard.ValidUntil})
+			Lease: guard.ValidUntil, TransactionalID: cfg.RelayTransactionalID})
 		if err != nil {
 			return err
 		}

@@ -60,6 +60,7 @@ func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig,
 	require.NoError(t, err)
 	b.metrics = m
 	rcfg.Kafka = kafkatest.Cluster(t)
+	rcfg.RelayTransactionalID = cmp.Or(rcfg.RelayTransactionalID, router.RelayTransactionalID(b.topic))
 	rcfg.JanitorInterval = cmp.Or(rcfg.JanitorInterval, 200*time.Millisecond)
 	rcfg.OutboxPollInterval = cmp.Or(rcfg.OutboxPollInterval, 20*time.Millisecond)
 	p, err := router.NewPromotion(b.db, exp, m, log, rcfg)

@@ -33,11 +33,15 @@ func (c Cluster) Validate() error {
 	return nil
 }
 
-// ClientConfig is a Sarama client speaking KafkaVersion with the cluster's security.
+// ClientConfig is a Sarama client speaking KafkaVersion with the cluster's
+// security. Its consumers read read_committed: the relay publishes in
+// transactions (BatchPublisherConfig.TransactionalID), and a record of an
+// aborted or still open one (a frozen relay's) must never be seen.
 func (c Cluster) ClientConfig(clientID string) *sarama.Config {
 	sc := sarama.NewConfig()
 	sc.ClientID = clientID
 	sc.Version = KafkaVersion
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Security.apply(sc)
 	return sc
 }
