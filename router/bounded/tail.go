@@ -25,39 +25,54 @@ const tailCheckAfter = 250 * time.Millisecond
 // left in [from, end) of topic/partition: only transaction markers and
 // aborted records, and no transaction still open below end.
 func (c *Client) settled(topic string, partition int32, from, end int64) (bool, error) {
-	broker, err := c.client.Leader(topic, partition)
+	n, open, err := c.scan(Range{Topic: topic, Partition: partition, From: from, End: end}, true)
+	return n == 0 && !open, err
+}
+
+// Records counts the records of r that a read_committed consumer reads: its
+// offsets less the transaction markers and aborted records among them (the
+// records of a transaction still open count). It fetches the whole range.
+func (c *Client) Records(r Range) (int64, error) {
+	n, _, err := c.scan(r, false)
+	return n, err
+}
+
+// scan counts the records of r a read_committed consumer delivers, stopping
+// at the first when first is set; open reports a transaction still open
+// below r.End.
+func (c *Client) scan(r Range, first bool) (n int64, open bool, err error) {
+	broker, err := c.client.Leader(r.Topic, r.Partition)
 	if err != nil {
-		return false, fmt.Errorf("leader of %s/%d: %w", topic, partition, err)
+		return 0, false, fmt.Errorf("leader of %s/%d: %w", r.Topic, r.Partition, err)
 	}
-	for from < end {
+	for from := r.From; from < r.End; {
 		req := &sarama.FetchRequest{Version: 11, MaxBytes: fetchBytes, Isolation: sarama.ReadCommitted, SessionEpoch: -1}
-		req.AddBlock(topic, partition, from, partitionBytes, -1)
+		req.AddBlock(r.Topic, r.Partition, from, partitionBytes, -1)
 		resp, err := broker.Fetch(req)
 		if err != nil {
-			return false, fmt.Errorf("fetch %s/%d at %d: %w", topic, partition, from, err)
+			return n, open, fmt.Errorf("fetch %s/%d at %d: %w", r.Topic, r.Partition, from, err)
 		}
-		block := resp.GetBlock(topic, partition)
+		block := resp.GetBlock(r.Topic, r.Partition)
 		if block == nil {
-			return false, sarama.ErrIncompleteResponse
+			return n, open, sarama.ErrIncompleteResponse
 		}
 		if block.Err != sarama.ErrNoError {
-			return false, fmt.Errorf("fetch %s/%d at %d: %w", topic, partition, from, block.Err)
+			return n, open, fmt.Errorf("fetch %s/%d at %d: %w", r.Topic, r.Partition, from, block.Err)
 		}
-		if block.LastStableOffset < end {
-			return false, nil // a transaction below end is still open
-		}
-		next, visible := visibleBefore(block, from, end)
-		if visible || next <= from {
-			return false, nil
+		open = open || block.LastStableOffset < r.End
+		next, visible := visibleIn(block, from, r.End)
+		n += visible
+		if (first && (n > 0 || open)) || next <= from {
+			return n, open, nil
 		}
 		from = next
 	}
-	return true, nil
+	return n, open, nil
 }
 
-// visibleBefore reports whether block holds a record in [from, end) that a
-// read_committed consumer delivers, and the offset after its last batch.
-func visibleBefore(block *sarama.FetchResponseBlock, from, end int64) (next int64, visible bool) {
+// visibleIn counts the records of block in [from, end) that a read_committed
+// consumer delivers, and returns the offset after its last whole batch.
+func visibleIn(block *sarama.FetchResponseBlock, from, end int64) (next, visible int64) {
 	aborted := slices.Clone(block.AbortedTransactions)
 	slices.SortFunc(aborted, func(a, b *sarama.AbortedTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
 	abortedBy := map[int64]bool{}
@@ -65,10 +80,10 @@ func visibleBefore(block *sarama.FetchResponseBlock, from, end int64) (next int6
 	for _, recs := range block.RecordsSet {
 		b := recs.RecordBatch
 		if b == nil {
-			return next, true // a legacy message set: not a transactional producer's
+			return next, visible + 1 // a legacy message set: not a transactional producer's
 		}
 		if b.FirstOffset >= end {
-			return end, false
+			return end, visible
 		}
 		for len(aborted) > 0 && aborted[0].FirstOffset <= b.LastOffset() {
 			abortedBy[aborted[0].ProducerID] = true
@@ -81,7 +96,7 @@ func visibleBefore(block *sarama.FetchResponseBlock, from, end int64) (next int6
 		default:
 			for _, r := range b.Records {
 				if off := b.FirstOffset + r.OffsetDelta; off >= from && off < end {
-					return next, true
+					visible++
 				}
 			}
 		}
@@ -89,5 +104,5 @@ func visibleBefore(block *sarama.FetchResponseBlock, from, end int64) (next int6
 			next = b.LastOffset() + 1
 		}
 	}
-	return next, false
+	return next, visible
 }
