@@ -221,8 +221,7 @@ func (p *BatchPublisher) current() *producerConn {
 	if p.conn == nil {
 		sc := p.cfg.Cluster.DurableProducerConfig(p.cfg.ClientID)
 		if p.cfg.TransactionalID != "" {
-			sc.Producer.Transaction.ID = p.cfg.TransactionalID
-			sc.Producer.Transaction.Timeout = TransactionTimeout(p.cfg.Timeout)
+			transactional(sc, p.cfg.TransactionalID, p.cfg.Timeout)
 		}
 		p.conn = &producerConn{brokers: p.cfg.Cluster.Brokers, config: sc,
 			dialer: newFencedDialer(sc.Net.DialTimeout, sc.Net.KeepAlive, p.cfg.Lease)}

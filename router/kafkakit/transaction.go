@@ -44,6 +44,13 @@ func TransactionTimeout(publishTimeout time.Duration) time.Duration {
 	return publishTimeout + TransactionTimeoutMargin
 }
 
+// transactional makes sc a transactional producer of id whose Publishes end
+// within publishTimeout.
+func transactional(sc *sarama.Config, id string, publishTimeout time.Duration) {
+	sc.Producer.Transaction.ID = id
+	sc.Producer.Transaction.Timeout = TransactionTimeout(publishTimeout)
+}
+
 func (c *producerConn) transactional() bool { return c.config.Producer.Transaction.ID != "" }
 
 // sendTransaction sends records in one transaction, committed whole or
