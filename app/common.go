@@ -157,7 +157,7 @@ func (c topicConfig) ensure(cluster kafkakit.Cluster, log *slog.Logger, purchase
 	}
 	if !kafkakit.OnlyCompacted(policies) {
 		log.Warn("purchase topic is not compacted", "topic", purchaseTopic, "cleanupPolicy", strings.Join(policies, ","),
-			"consequence", "a projection rebuild refuses once retention removed records; set cleanup.policy=compact")
+			"consequence", "the promotion relay publishes nothing to it, and a projection rebuild refuses once retention removed records; set cleanup.policy=compact")
 	}
 	return nil
 }

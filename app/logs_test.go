@@ -47,7 +47,7 @@ func TestLog_AnUnknownFormatOrLevelIsRefused(t *testing.T) {
 // other settings, so its --help lists it.
 func TestHelp_EveryCommandListsLogFormat(t *testing.T) {
 	t.Parallel()
-	for _, cmd := range []string{"promotion", "catalog", "dev", "dlq-replay", "audit", "rebuild", "migrate"} {
+	for _, cmd := range []string{"promotion", "catalog", "dev", "dlq-replay", "audit", "rebuild", "migrate", "republish"} {
 		t.Run(cmd, func(t *testing.T) {
 			t.Parallel()
 			code, out := runCommand(t, map[string]string{}, 30*time.Second, cmd, "--help")

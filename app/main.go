@@ -24,8 +24,11 @@ Usage:
   promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer (--list: what it holds)
   promoflow rebuild [flags]      rebuild the PromotionBoost projection from the purchase topic
   promoflow audit [flags]        check (and --repair) card boosts against the replica and the topic
+  promoflow reconcile [flags]    after a database failover, repair purchases the topic holds and the database lacks
   promoflow status [flags]       one screen for on-call: expirer, outbox, consumer, DLQ, projection (exit 0: healthy)
   promoflow migrate up|status    apply or list the embedded database migrations
+  promoflow republish [flags]    write every purchase's current state into the outbox (fills a new purchase topic)
+  promoflow outbox drain|thaw    freeze promotion writes and wait until the outbox is published; lift the freeze
   promoflow help                 show this help
 
 Run "promoflow <command> --help" for the settings of a command.
@@ -81,10 +84,16 @@ func run(ctx context.Context, args []string) error {
 		return runRebuild(ctx, rest)
 	case "audit":
 		return runAudit(ctx, rest)
+	case "reconcile":
+		return runReconcile(ctx, rest)
 	case "status":
 		return runStatus(ctx, rest)
 	case "migrate":
 		return runMigrate(ctx, rest)
+	case "republish":
+		return runRepublish(ctx, rest)
+	case "outbox":
+		return runOutbox(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return nil

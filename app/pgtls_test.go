@@ -81,10 +81,4 @@ func TestPostgresTLS_WrongCAIsRefused(t *testing.T) {
 }
 
 // openTest is a handle on dbURL, opened as the processes open theirs.
-func openTest(t *testing.T, dbURL string) *sqlx.DB {
-	t.Helper()
-	raw, err := sqlmigrate.Open(dbURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { raw.Close() })
-	return sqlx.NewDb(raw, "postgres")
-}
+func openTest(t *testing.T, dbURL string) *sqlx.DB { return pgtest.OpenAsIs(t, dbURL) }

@@ -47,16 +47,21 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.Relay.RelayPublishTimeout, "relay-publish-timeout", "RELAY_PUBLISH_TIMEOUT", kafkakit.PublishTimeoutDefault,
 		"most time one publish of the relay waits for Kafka; then the relay cuts that producer off and lets another process take the outbox position")
 	s.dur(&c.Relay.RelayPosition.Lease, "relay-position-lease", "RELAY_POSITION_LEASE", outbox.PositionLeaseDefault,
-		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads")
+		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads, and a holder idle in its transaction for twice this (at least 3s) loses its session")
 	s.str(&c.Relay.RelayTransactionalID, "relay-transactional-id", "RELAY_TRANSACTIONAL_ID", "",
 		"Kafka transactional.id of the relay's producer, the same in every promotion process of one outbox: the process that takes the outbox position fences the producer of the one before it (default promoflow-promotion-relay.<topic>)")
+	s.value(&c.Relay.RelayStandbyFlush, "relay-standby-flush", "RELAY_STANDBY_FLUSH",
+		"publish an outbox page only once these standbys have flushed it: their application_names separated by commas, any (at least one standby), or off; "+
+			"needs pg_read_all_stats (or pg_monitor) for the relay's role; not needed with synchronous replication (docs/operations.md)")
+	s.dur(&c.Relay.TopicCheckInterval, "relay-topic-check-interval", "RELAY_TOPIC_CHECK_INTERVAL", outbox.TopicCheckIntervalDefault,
+		"time between the relay's checks of the purchase topic (exists, pinned partition count, compacted); the relay publishes nothing while one fails")
 	s.dur(&c.Purchases.IdempotencyRetention, "idempotency-retention", "IDEMPOTENCY_KEY_RETENTION", purchase.IdempotencyRetentionDefault, "how long an Idempotency-Key returns its first purchase; then it is deleted")
 	c.Topics.register(s)
 }
 
 // wire fills in what the components share: the topic, the brokers, the retention.
 func (c *promotionConfig) wire() {
-	c.Expire.Topic, c.Purchases.Topic = c.Topic, c.Topic
+	c.Expire.Topic, c.Purchases.Topic, c.Relay.Topic = c.Topic, c.Topic, c.Topic
 	c.Relay.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	c.Relay.IdempotencyRetention = c.Purchases.IdempotencyRetention
 	c.Relay.RelayTransactionalID = cmp.Or(c.Relay.RelayTransactionalID, router.RelayTransactionalID(c.Topic))
@@ -120,7 +125,7 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 		return err
 	}
 
-	mux := newMux(reg, dbReady(db), routerReady(r.Router.IsRunning))
+	mux := newMux(reg, primaryReady(db), routerReady(r.Router.IsRunning))
 	(&api.Promotions{Service: purchases, Tokens: tokens, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
@@ -132,6 +137,29 @@ func dbReady(db *sqlx.DB) readyCheck {
 	return func(ctx context.Context) error {
 		if err := db.PingContext(ctx); err != nil {
 			return fmt.Errorf("database: %w", err)
+		}
+		return nil
+	}
+}
+
+// primaryReady checks that db reaches a writable primary: the purchase API
+// and the expirer write, so a standby (a single-host URL after a failover)
+// or a server set read-only cannot serve them. It reads the server anew each
+// time, so a standby that is promoted makes the process ready without a
+// restart.
+func primaryReady(db *sqlx.DB) readyCheck {
+	return func(ctx context.Context) error {
+		var standby, readOnly bool
+		err := db.QueryRowContext(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::boolean`).
+			Scan(&standby, &readOnly)
+		switch {
+		case err != nil:
+			return fmt.Errorf("database: %w", err)
+		case standby:
+			return errors.New("database: the server is a standby (in recovery) and takes no writes; " +
+				"list the primary and its standbys with target_session_attrs=read-write (docs/runbooks/postgres-connections.md)")
+		case readOnly:
+			return errors.New("database: transaction_read_only is on (default_transaction_read_only): the server takes no writes")
 		}
 		return nil
 	}

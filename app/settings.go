@@ -86,6 +86,13 @@ func (s *settings) float(p *float64, name, env string, def float64, usage string
 	s.envs[name] = env
 }
 
+// value binds a setting parsed by its own type (a flag.Value); its default
+// is what p holds at registration.
+func (s *settings) value(p flag.Value, name, env, usage string) {
+	s.fs.Var(p, name, usage)
+	s.envs[name] = env
+}
+
 func (s *settings) bool(p *bool, name, env string, def bool, usage string) {
 	s.fs.BoolVar(p, name, def, usage)
 	s.envs[name] = env

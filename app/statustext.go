@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/router/status"
 )
 
@@ -95,7 +96,27 @@ func (p *screen) outbox(s status.Outbox, l status.Limits) {
 		} else {
 			p.line("  held back by no outbox writer")
 		}
+		if t := s.Topic; t.Missing {
+			p.line("  topic        %s MISSING (pinned %d partitions)", t.Name, t.PinnedPartitions)
+		} else if t.Name != "" {
+			p.line("  topic        %s: %d partitions (pinned %d), cleanup.policy=%s", t.Name, t.Partitions, t.PinnedPartitions, t.CleanupPolicy)
+		}
+		p.cluster(s.Cluster)
 	})
+}
+
+// cluster is the outbox's cluster line: the one it runs on, and its last
+// re-base, if any.
+func (p *screen) cluster(c outbox.Cluster) {
+	switch {
+	case c.SystemIdentifier != c.Here:
+		p.line("  cluster      %d, recorded %d: the first outbox writer or relay read re-bases onto it", c.Here, c.SystemIdentifier)
+	case c.RebasedAt != nil && c.PreviousSystemIdentifier != nil:
+		p.line("  cluster      %d, xid shift %d, re-based %s ago from %d", c.Here, c.XidShift,
+			ago(c.ReadAt.Sub(*c.RebasedAt).Seconds()), *c.PreviousSystemIdentifier)
+	default:
+		p.line("  cluster      %d, xid shift %d, never re-based", c.Here, c.XidShift)
+	}
 }
 
 func (p *screen) consumer(s status.Consumer, l status.Limits) {

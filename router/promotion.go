@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
@@ -26,6 +27,14 @@ import (
 type PromotionConfig struct {
 	// Kafka is the cluster the relay publishes to. Required.
 	Kafka kafkakit.Cluster
+	// Topic is the purchase topic. When set, the relay hashes its keys over
+	// the topic's pinned partition count and publishes nothing while the
+	// topic is missing, has another count or is not compacted
+	// (outbox.TopicGuard). Optional.
+	Topic string
+	// TopicCheckInterval is the time between checks of Topic. Defaults to
+	// outbox.TopicCheckIntervalDefault (30s).
+	TopicCheckInterval time.Duration
 	// JanitorInterval is the time between outbox cleanups. Defaults to 5s.
 	JanitorInterval time.Duration
 	// OutboxPollInterval is how often the relay polls an idle outbox. Defaults to 100ms.
@@ -51,16 +60,15 @@ type PromotionConfig struct {
 	// RelayPosition is the relay's guard of its outbox position: how long a
 	// good check of its session lets it write to Kafka (see addRelay).
 	RelayPosition outbox.PositionGuardConfig
-	// RelayTransactionalID is the Kafka transactional.id of the relay's
-	// producer, the same in every process that relays one outbox
-	// (RelayTransactionalID(topic)): each publish is a Kafka transaction, and
-	// a process that takes the position fences the producer of the one
-	// before it (see addRelay). Empty: publishes without transactions.
+	// RelayTransactionalID is the relay producer's Kafka transactional.id, one
+	// for every process of an outbox (see addRelay). Empty: no transactions.
 	RelayTransactionalID string
+	// RelayStandbyFlush are the standbys that must have flushed a page
+	// before the relay publishes it (outbox.StandbyFlush). Defaults to off.
+	RelayStandbyFlush outbox.Standbys
 }
 
-// RelayTransactionalID is the default transactional.id of the relays that
-// publish to topic.
+// RelayTransactionalID is the default transactional.id of topic's relays.
 func RelayTransactionalID(topic string) string { return "promoflow-promotion-relay." + topic }
 
 // Defaults of PromotionConfig.
@@ -83,7 +91,8 @@ func (c PromotionConfig) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{"outbox janitor interval": c.JanitorInterval,
 		"outbox poll interval": c.OutboxPollInterval, "idempotency key janitor interval": c.KeyJanitorInterval,
-		"idempotency key retention": c.IdempotencyRetention, "relay publish timeout": c.RelayPublishTimeout} {
+		"idempotency key retention": c.IdempotencyRetention, "relay publish timeout": c.RelayPublishTimeout,
+		"relay topic check interval": c.TopicCheckInterval} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}
@@ -102,6 +111,7 @@ func (c *PromotionConfig) setDefaults() {
 	c.IdempotencyRetention = cmp.Or(c.IdempotencyRetention, purchase.IdempotencyRetentionDefault)
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 	c.RelayPublishTimeout = cmp.Or(c.RelayPublishTimeout, kafkakit.PublishTimeoutDefault)
+	c.TopicCheckInterval = cmp.Or(c.TopicCheckInterval, outbox.TopicCheckIntervalDefault)
 }
 
 // heldBackLogAfter is how long an outbox writer may hold the relay back before
@@ -144,22 +154,25 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	p := &Promotion{Router: r}
 
 	expireTicks := newTickSource(expireTickTopic, exp.Interval(), wlog)
+	// A database that takes no writes pauses the expirer: said once, not at each cycle.
+	expireReadOnly := &dberr.Watch{OnChange: readOnlyLog(log, "expirer", "it expires nothing until the server takes writes")}
 	wakeup := expire.NewWakeup(exp)
 	expireTicks.early = wakeup
 	r.AddConsumerHandler("expire_promotions", expireTickTopic, expireTicks.pubsub, func(msg *message.Message) error {
 		res, err := exp.RunCycle(msg.Context())
 		m.ObserveCycle(res, err)
+		expireReadOnly.Observe(err)
 		if err == nil {
 			wakeup.After(res)
 		}
 		// The durable trace `promoflow status` reads; a cycle ended by a
 		// shutdown is recorded all the same.
 		recordCtx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), recordCycleTimeout)
-		if rerr := exp.Record(recordCtx, res, err); rerr != nil {
+		if rerr := exp.Record(recordCtx, res, err); rerr != nil && !dberr.ReadOnly(rerr) {
 			log.Warn("expire cycle not recorded", "runId", res.RunID, "error", rerr.Error())
 		}
 		cancel()
-		if err != nil {
+		if err != nil && !dberr.ReadOnly(err) {
 			// The next tick retries: the rows are still Active.
 			log.Error("expire cycle failed", "runId", res.RunID, "error", err.Error())
 		}
@@ -167,29 +180,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 	})
 
 	janitorTicks := newTickSource(janitorTickTopic, cfg.JanitorInterval, wlog)
-	r.AddConsumerHandler("outbox_janitor", janitorTickTopic, janitorTicks.pubsub, func(msg *message.Message) error {
-		cleaned, err := outbox.Cleanup(msg.Context(), db)
-		if err != nil {
-			log.Warn("outbox cleanup failed", "error", err.Error())
-		}
-		stats, err := outbox.ReadStats(msg.Context(), db)
-		if err != nil {
-			log.Warn("outbox stats failed", "error", err.Error())
-			return nil
-		}
-		m.ObserveOutbox(stats, cleaned)
-		w, held, err := outbox.OldestWriter(msg.Context(), db)
-		if err != nil {
-			log.Warn("outbox writers failed", "error", err.Error())
-			return nil
-		}
-		m.OutboxHeldBack.Set(w.Age.Seconds())
-		if held && w.Age >= heldBackLogAfter {
-			log.Warn("an outbox writer holds the relay back: no later promotion event reaches Kafka until it ends",
-				"pid", w.PID, "application", w.Application, "state", w.State, "transactionAge", w.Age.Round(time.Millisecond).String())
-		}
-		return nil
-	})
+	r.AddConsumerHandler("outbox_janitor", janitorTickTopic, janitorTicks.pubsub, outboxJanitor(db, m, log))
 	keyTicks := newTickSource(keyJanitorTickTopic, cfg.KeyJanitorInterval, wlog)
 	r.AddConsumerHandler("idempotency_key_janitor", keyJanitorTickTopic, keyTicks.pubsub, func(msg *message.Message) error {
 		n, err := purchase.CleanupIdempotencyKeys(msg.Context(), db, cfg.IdempotencyRetention)
@@ -230,23 +221,27 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // process that takes the position from a holder that did not commit waits
 // longer than that before it reads.
 //
-// A holder frozen mid-publish (its session alive until the database ends it)
-// may have built or sent requests its lease no longer governs when it thaws.
-// With RelayTransactionalID each publish is one Kafka transaction, and the
-// process that takes the position over fences the frozen one's producer with
-// its first publish: what the frozen one had sent is aborted, what it sends
-// afterwards is refused (kafkakit/transaction.go), and the consumers, which
-// read read_committed, see neither.
+// A purchase topic that is missing, has more or fewer partitions than
+// pinned, or is not compacted (outbox.TopicGuard, checked every
+// TopicCheckInterval and on each step back) holds the relay back the same
+// way, with the events in the outbox; meanwhile its producer hashes each key
+// over the pinned count, so a key never moves to a partition added in place.
+//
+// A holder frozen mid-publish may send, on thawing, what its lease no longer
+// governs: with RelayTransactionalID each publish is a Kafka transaction, and
+// the next holder fences the frozen producer (kafkakit/transaction.go).
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
+	topics, err := newTopicGuard(db, m, log, cfg)
+	if err != nil {
+		return err
+	}
 	stepCfg := cfg.RelayStepBack
 	if stepCfg.Probe == nil {
 		stepCfg.Probe = cfg.Kafka.Ping
 	}
 	stepCfg.PublishTimeout = cfg.RelayPublishTimeout
 	// A publish refused for the lease lost its position, not Kafka. A fenced
-	// one is not excused: two processes that each fence the other's producer
-	// within their leases both think they hold the position, and stepping
-	// back is what ends it.
+	// one is not excused: two holders that fence each other step back.
 	stepCfg.Excuse = func(err error) bool { return errors.Is(err, kafkakit.ErrLeaseExpired) }
 	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
 		if back {
@@ -258,6 +253,8 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		m.OutboxSteppedBack.Set(0)
 		log.Info("relay reaches Kafka again and rejoins the outbox position")
 	}
+	pinned, closeTopics := holdRelayOnTopic(topics, &stepCfg)
+	p.closers = append(p.closers, closeTopics)
 	stepBack, err := outbox.NewStepBack(stepCfg)
 	if err != nil {
 		return err
@@ -274,21 +271,26 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		return err
 	}
 	ackDeadline := cfg.RelayPublishTimeout + relayAckMargin
-	sub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
+	readOnly := &dberr.Watch{OnChange: readOnlyLog(log, "relay", "it publishes nothing until the server takes writes")}
+	countError := func(reason string) { m.OutboxRelayErrors.WithLabelValues(reason).Inc() }
+	wsub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
-		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait()),
+		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait(), guard.IdleTimeout()),
 		OffsetsAdapter: outbox.Offsets(),
 		PollInterval:   cfg.OutboxPollInterval,
 		AckDeadline:    &ackDeadline,
+		BackoffManager: outbox.QueryBackoff{PollInterval: cfg.OutboxPollInterval, InRecovery: dberr.InRecovery(db.DB),
+			OnError: countError, ReadOnly: readOnly},
 	}, wlog)
 	if err != nil {
 		return fmt.Errorf("outbox subscriber: %w", err)
 	}
+	sub := outbox.PatientSubscriber{Subscriber: wsub, InRecovery: dberr.InRecovery(db.DB), ReadOnly: readOnly, OnError: countError}
 	pub := cfg.RelayPublisher
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
 			Marshaler: kafkakit.KeyedMarshaler{Key: event.PartitionKey}, Timeout: cfg.RelayPublishTimeout,
-			Lease: guard.ValidUntil, TransactionalID: cfg.RelayTransactionalID})
+			Lease: guard.ValidUntil, Pinned: pinned, TransactionalID: cfg.RelayTransactionalID})
 		if err != nil {
 			return err
 		}
@@ -296,6 +298,10 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		pub = kp
 	}
 	pub = stepBack.Publisher(pub)
+	middlewares, err := relayStandbyFlush(db, m, log, cfg)
+	if err != nil {
+		return err
+	}
 	observeRelay := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
@@ -325,7 +331,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
-		Middlewares:    []message.HandlerMiddleware{guard.Middleware, observeRelay, stepBack.Middleware},
+		Middlewares:    append(middlewares, guard.Middleware, observeRelay, stepBack.Middleware),
 	})
 	if err != nil {
 		return fmt.Errorf("outbox forwarder: %w", err)

@@ -46,6 +46,11 @@ type readAhead struct {
 	changed *sync.Cond
 	used    int64
 	pending map[claimKey][]fetched
+	// top is the highest offset of each partition counted in this session:
+	// a record Sarama hands over again (its interceptor runs once per
+	// delivery) is not counted again, since its handler's return releases
+	// it once.
+	top map[claimKey]int64
 	// session is the running session's number, 0 between sessions.
 	session, last uint64
 }
@@ -62,7 +67,7 @@ type fetched struct {
 }
 
 func newReadAhead(budget int64, gauge prometheus.Gauge) *readAhead {
-	r := &readAhead{budget: budget, gauge: gauge, pending: map[claimKey][]fetched{}}
+	r := &readAhead{budget: budget, gauge: gauge, pending: map[claimKey][]fetched{}, top: map[claimKey]int64{}}
 	r.changed = sync.NewCond(&r.mu)
 	return r
 }
@@ -81,8 +86,12 @@ func recordBytes(msg *sarama.ConsumerMessage) int64 {
 func (r *readAhead) OnConsume(msg *sarama.ConsumerMessage) {
 	detach(msg)
 	n := recordBytes(msg)
+	k := claimKey{msg.Topic, msg.Partition}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if top, ok := r.top[k]; ok && msg.Offset <= top {
+		return // delivered again: counted already
+	}
 	session := r.session
 	for session != 0 && r.session == session && r.used > 0 && r.used+n > r.budget {
 		r.changed.Wait()
@@ -90,8 +99,8 @@ func (r *readAhead) OnConsume(msg *sarama.ConsumerMessage) {
 	if session == 0 || r.session != session {
 		return
 	}
-	k := claimKey{msg.Topic, msg.Partition}
 	r.pending[k] = append(r.pending[k], fetched{msg.Offset, n})
+	r.top[k] = msg.Offset
 	r.add(n)
 }
 
@@ -184,6 +193,7 @@ func (r *readAhead) end(session uint64) {
 func (r *readAhead) reset() {
 	r.add(-r.used)
 	clear(r.pending)
+	clear(r.top)
 	r.changed.Broadcast()
 }
 

@@ -129,3 +129,31 @@ func TestReadAhead_ARecordNoLongerPointsIntoItsFetchResponse(t *testing.T) {
 	r.OnConsume(empty)
 	require.Nil(t, empty.Key, "a record without a key keeps none")
 }
+
+// TestReadAhead_RedeliveredRecordIsCountedOnce: Sarama runs the interceptor
+// once per delivery, and may hand a record over again; its handler's return
+// releases it once, so it is counted once, whether the first delivery is
+// still queued or already handled.
+func TestReadAhead_RedeliveredRecordIsCountedOnce(t *testing.T) {
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
+	r := newReadAhead(10*recordSize, gauge)
+	r.start()
+	r.OnConsume(record(0, 10))
+	r.OnConsume(record(0, 10))
+	require.EqualValues(t, recordSize, r.inUse(), "a record delivered twice is counted twice")
+	r.handled("t", 0, 10)
+	r.handled("t", 0, 10)
+	require.Zero(t, r.inUse(), "the bytes of a record delivered twice leak")
+
+	r.OnConsume(record(0, 10)) // again, after its handling
+	require.Zero(t, r.inUse(), "a record delivered again after its handling is counted again")
+	r.OnConsume(record(0, 11))
+	r.handled("t", 0, 11)
+	require.Zero(t, r.inUse())
+	require.Zero(t, testutil.ToFloat64(gauge))
+
+	// A new session (a rebalance, a seek) counts the partition afresh.
+	r.start()
+	r.OnConsume(record(0, 10))
+	require.EqualValues(t, recordSize, r.inUse())
+}

@@ -189,10 +189,18 @@ func recordUUID(r *kgo.Record) string {
 // position: its transaction's id is the last holder's.
 func relayHolderPid(t *testing.T, db *sqlx.DB) int {
 	t.Helper()
-	var pid int
-	require.NoError(t, db.Get(&pid, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
-		AND backend_xid::text::bigint = (SELECT last_value FROM promotion.outbox_relay_holder) % 4294967296`))
+	pid, err := holderPid(db)
+	require.NoError(t, err)
 	return pid
+}
+
+// holderPid is relayHolderPid's, or sql.ErrNoRows while no transaction holds
+// the position.
+func holderPid(db *sqlx.DB) (int, error) {
+	var pid int
+	err := db.Get(&pid, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+		AND backend_xid::text::bigint = (SELECT last_value FROM promotion.outbox_relay_holder) % 4294967296`)
+	return pid, err
 }
 
 // topicSize is how many records topic holds.

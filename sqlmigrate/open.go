@@ -20,6 +20,9 @@ import (
 // statement saves a round trip. The mode sends []byte parameters in binary:
 // a jsonb or uuid value goes as a string.
 //
+// A URL that lists several hosts with their ports is refused
+// (ErrMultiHostURL): lib/pq misreads it.
+//
 // An unparsable dsn is reported without any part of it (dsnError): it may
 // hold a password, and the error reaches logs.
 func Open(dsn string) (*sql.DB, error) { return OpenAs(dsn, "") }
@@ -29,6 +32,9 @@ func Open(dsn string) (*sql.DB, error) { return OpenAs(dsn, "") }
 // application_name (or fallback_application_name, or $PGAPPNAME) names
 // them otherwise. PostgreSQL keeps its first 63 bytes.
 func OpenAs(dsn, application string) (*sql.DB, error) {
+	if err := checkMultiHostURL(dsn); err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
 	cfg, err := pq.NewConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", dsnError(dsn))

@@ -14,6 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/boost"
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/router/bounded"
 	"github.com/promoflow/promoflow/router/rebuild"
 )
@@ -174,6 +175,8 @@ func (h *Catalog) rebuildStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {
+	// The feed's writes begin READ WRITE as lib/pq does: a standby answers 0A000.
+	err = dberr.Classify(r.Context(), err, dberr.InRecovery(h.DB.DB))
 	switch {
 	case errors.Is(err, boost.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", "no such card")
@@ -181,6 +184,9 @@ func (h *Catalog) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusUnprocessableEntity, "validation_failed", err.Error())
 	case errors.Is(err, boost.ErrConflict):
 		writeError(w, http.StatusConflict, "conflict", "a concurrent update won; try again")
+	case dberr.ReadOnly(err):
+		h.Log.Warn("catalog api: the database takes no writes", "method", r.Method, "path", r.URL.Path, "error", err.Error())
+		writeReadOnly(w)
 	case unavailable(err):
 		h.Log.Warn("catalog api: database unavailable", "method", r.Method, "path", r.URL.Path, "error", err.Error())
 		writeUnavailable(w)

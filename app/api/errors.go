@@ -3,16 +3,10 @@
 package api
 
 import (
-	"context"
-	"database/sql/driver"
 	"encoding/json"
-	"errors"
-	"io"
-	"net"
 	"net/http"
-	"syscall"
 
-	"github.com/lib/pq"
+	"github.com/promoflow/promoflow/handlers/dberr"
 )
 
 // ProblemContentType is the media type of every 4xx/5xx answer (RFC 9457).
@@ -62,26 +56,14 @@ func writeUnavailable(w http.ResponseWriter) {
 	writeError(w, http.StatusServiceUnavailable, "unavailable", "the database is unavailable; retry after "+retryAfter+"s")
 }
 
-// unavailable reports an error that says PostgreSQL cannot serve right now (a
-// restart, a refused or broken connection, too many connections, a timeout),
-// as opposed to a bug: the caller should retry, not read a 500.
-func unavailable(err error) bool {
-	for _, target := range []error{driver.ErrBadConn, io.EOF, io.ErrUnexpectedEOF, context.DeadlineExceeded,
-		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	var netErr net.Error
-	if errors.As(err, &netErr) {
-		return true
-	}
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) {
-		switch pqErr.Code.Class() {
-		case "08", "53", "57": // connection exception, insufficient resources, operator intervention
-			return true
-		}
-	}
-	return false
+// unavailable reports an error that says PostgreSQL cannot serve right now.
+var unavailable = dberr.Unavailable
+
+// writeReadOnly answers 503 with Retry-After to a write that the database
+// refused because it takes no writes now (a standby, a read-only setting, a
+// write freeze): nothing was written, and the same request may be retried.
+func writeReadOnly(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", retryAfter)
+	writeError(w, http.StatusServiceUnavailable, "read_only",
+		"the database takes no writes now (a failover, or a write freeze for maintenance); nothing was written; retry after "+retryAfter+"s")
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/promoflow/promoflow/handlers/dberr"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/purchase"
 )
@@ -194,6 +195,9 @@ func (h *Promotions) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "version_conflict", "the purchase changed meanwhile; read it again")
 	case r.Context().Err() != nil:
 		writeError(w, http.StatusServiceUnavailable, "cancelled", "the request was cancelled")
+	case dberr.ReadOnly(err):
+		h.Log.Warn("purchase api: the database takes no writes", "method", r.Method, "path", r.URL.Path, "error", err.Error())
+		writeReadOnly(w)
 	case unavailable(err):
 		h.Log.Warn("purchase api: database unavailable", "method", r.Method, "path", r.URL.Path, "error", err.Error())
 		writeUnavailable(w)

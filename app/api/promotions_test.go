@@ -45,14 +45,7 @@ func setup(t *testing.T) apiBundle {
 // exchange checked against the OpenAPI document.
 func newPromotionAPI(t *testing.T) apiBundle {
 	t.Helper()
-	db := pgtest.DB(t)
-	mux := http.NewServeMux()
-	(&api.Promotions{
-		Service: purchasetest.NewService(t, db, ""),
-		Tokens:  api.Tokens{"token-a": tenantA, "token-b": tenantB},
-		Log:     slog.New(slog.DiscardHandler),
-	}).Register(mux)
-	return apiBundle{db: db, srv: validatedServer(t, promotionDocument, mux)}
+	return newPromotionAPIOn(t, pgtest.DB(t))
 }
 
 type reply struct {

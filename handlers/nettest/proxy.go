@@ -129,6 +129,17 @@ func (p *Proxy) ResetAll(on bool) {
 	}
 }
 
+// Redirect sends every connection from now on to upstream, and resets every
+// open one: a server that another one replaces at the same address, as a
+// failover or a restore behind one DNS name or virtual IP does.
+func (p *Proxy) Redirect(upstream string) {
+	p.mu.Lock()
+	p.upstream = upstream
+	p.mu.Unlock()
+	p.ResetAll(true)
+	p.ResetAll(false)
+}
+
 // Bytes is how many bytes the proxy delivered so far.
 func (p *Proxy) Bytes() int64 {
 	p.mu.Lock()
@@ -181,7 +192,10 @@ func (p *Proxy) serve(l *link) {
 		l.abort()
 		return
 	}
-	server, err := net.DialTimeout("tcp", p.upstream, 5*time.Second)
+	p.mu.Lock()
+	upstream := p.upstream
+	p.mu.Unlock()
+	server, err := net.DialTimeout("tcp", upstream, 5*time.Second)
 	if err != nil {
 		l.abort()
 		return

@@ -241,3 +241,22 @@ func TestProxy_ResetByPeerTellsAResetFromAnOpenOrClosedConnection(t *testing.T) 
 	require.NoError(t, closed.Close())
 	require.Never(t, func() bool { return resetByPeer(closedServer) }, quietFor, 10*time.Millisecond)
 }
+
+func TestProxy_RedirectResetsOpenConnectionsAndSendsNewOnesToTheNewServer(t *testing.T) {
+	first, second := newUpstream(t), newUpstream(t)
+	p := startProxy(t, first)
+	c, r := dialLine(t, p)
+	echoed(t, c, r, "one")
+
+	p.Redirect(second.ln.Addr().String())
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := r.ReadString('\n')
+	require.Error(t, err, "the open connection is reset")
+
+	c2, r2 := dialLine(t, p)
+	echoed(t, c2, r2, "two")
+	lines, _ := second.got()
+	require.Equal(t, []string{"two\n"}, lines, "a new connection reaches the new server")
+	lines, _ = first.got()
+	require.Equal(t, []string{"one\n"}, lines, "the old server gets nothing more")
+}

@@ -87,6 +87,20 @@ func (c PositionGuardConfig) TakeoverWait() time.Duration {
 	return c.Lease + c.Lease/4
 }
 
+// IdleTimeout is how long the position's transaction may stay idle before
+// PostgreSQL ends its session: twice the lease, far beyond the checks'
+// Lease/8 while a publish runs, so that only a frozen process reaches it;
+// never below minIdleTimeout.
+func (c PositionGuardConfig) IdleTimeout() time.Duration {
+	c.setDefaults()
+	return max(2*c.Lease, minIdleTimeout)
+}
+
+// minIdleTimeout is room for the one idle wait of a healthy holder that is
+// not bounded by the lease: watermill-sql's subscriber waits its
+// ResendInterval (1 s) before it hands a nacked message over again.
+const minIdleTimeout = 3 * time.Second
+
 // NewPositionGuard returns a guard that holds no lease.
 func NewPositionGuard(cfg PositionGuardConfig) (*PositionGuard, error) {
 	cfg.setDefaults()
@@ -98,6 +112,9 @@ func NewPositionGuard(cfg PositionGuardConfig) (*PositionGuard, error) {
 
 // TakeoverWait is the config's TakeoverWait.
 func (g *PositionGuard) TakeoverWait() time.Duration { return g.cfg.TakeoverWait() }
+
+// IdleTimeout is the config's IdleTimeout.
+func (g *PositionGuard) IdleTimeout() time.Duration { return g.cfg.IdleTimeout() }
 
 // ValidUntil is the time until which the relay may write to Kafka: zero
 // between publishes and once a check failed.

@@ -10,15 +10,22 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// relayedPredicate matches outbox rows at or before the relay's acked position.
+// relayedPredicate matches outbox rows at or before the relay's acked
+// position. Rows above it are the backlog: on a restored database too, since
+// the rows a new cluster writes sort above the position (Cluster).
 const relayedPredicate = `(m.transaction_id < o.last_processed_transaction_id
 	OR (m.transaction_id = o.last_processed_transaction_id AND m."offset" <= o.offset_acked))`
 
 // Cleanup deletes the rows the relay has acked, so the outbox does not grow
-// without bound. Unacked rows are never touched.
+// without bound. Unacked rows are never touched. The position proves what
+// was published only on the cluster it was acked on (a transaction id means
+// nothing elsewhere): after a restore into another cluster, Cleanup deletes
+// nothing until the relay acks there.
 func Cleanup(ctx context.Context, db *sqlx.DB) (int64, error) {
 	res, err := db.ExecContext(ctx, `DELETE FROM `+MessagesTable+` m USING `+OffsetsTable+` o
-		WHERE o.consumer_group = $1 AND `+relayedPredicate, RelayConsumerGroup)
+		WHERE o.consumer_group = $1
+			AND o.acked_on_system_identifier = (SELECT promotion.outbox_system_identifier())
+			AND `+relayedPredicate, RelayConsumerGroup)
 	if err != nil {
 		return 0, fmt.Errorf("clean outbox: %w", err)
 	}

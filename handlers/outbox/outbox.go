@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/promoflow/promoflow/handlers/dberr"
 )
 
 // ForwarderTopic is the watermill-sql topic that holds enveloped events.
@@ -50,14 +52,19 @@ type Tx struct{ *sqlx.Tx }
 // that lock (RelaySchema), so a transaction that wrote the outbox without it
 // could be passed over while it runs and its rows never relayed. The database
 // refuses an outbox row from any other transaction.
+//
+// The same statement then checks the write freeze
+// (promotion.outbox_writable: `promoflow outbox drain`, or
+// default_transaction_read_only): a frozen or read-only database, and a
+// standby, give an error that wraps dberr.ErrReadOnly.
 func BeginTx(ctx context.Context, db *sqlx.DB, opts *sql.TxOptions) (*Tx, error) {
 	tx, err := db.BeginTxx(ctx, opts)
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", dberr.Classify(ctx, err, dberr.InRecovery(db.DB)))
 	}
-	if _, err := tx.ExecContext(ctx, `SELECT promotion.outbox_writer_lock()`); err != nil {
+	if _, err := tx.ExecContext(ctx, `SELECT promotion.outbox_writer_lock(), promotion.outbox_writable()`); err != nil {
 		_ = tx.Rollback()
-		return nil, fmt.Errorf("take the outbox writer lock: %w", err)
+		return nil, fmt.Errorf("take the outbox writer lock: %w", dberr.Classify(ctx, err, dberr.InRecovery(db.DB)))
 	}
 	return &Tx{tx}, nil
 }

@@ -42,16 +42,22 @@ const (
 // so that whatever that holder may still send within its lease
 // (PositionGuard) reaches Kafka first.
 //
+// A position transaction that stays idle longer than idleTimeout (0: no
+// limit) loses its session, and so the position: a process frozen with its
+// connection up (SIGSTOP, a stalled VM) cannot hold it for ever
+// (PositionGuardConfig.IdleTimeout).
+//
 // While back says the relay stands back (StepBack.Back; nil: never), it
 // selects nothing, so a poll takes no lock on the position.
-func RelaySchema(pageRows int, back func() bool, takeoverWait time.Duration) wmsql.SchemaAdapter {
-	return relaySchema{Schema(max(pageRows, 1)), back, takeoverWait}
+func RelaySchema(pageRows int, back func() bool, takeoverWait, idleTimeout time.Duration) wmsql.SchemaAdapter {
+	return relaySchema{Schema(max(pageRows, 1)), back, takeoverWait, idleTimeout}
 }
 
 type relaySchema struct {
 	wmsql.DefaultPostgreSQLSchema
 	back         func() bool
 	takeoverWait time.Duration
+	idleTimeout  time.Duration
 }
 
 // standingBackSQL reads no row and locks nothing.
@@ -68,7 +74,7 @@ func (s relaySchema) SelectQuery(topic, consumerGroup string, _ wmsql.OffsetsAda
 	if s.back != nil && s.back() {
 		return wmsql.Query{Query: standingBackSQL}
 	}
-	page := fmt.Sprintf(`WITH last_processed AS (SELECT * FROM promotion.outbox_relay_position($1, $2))
+	page := fmt.Sprintf(`WITH last_processed AS (SELECT * FROM promotion.outbox_relay_position($1, $2, $3))
 		SELECT "offset", transaction_id, uuid, payload, metadata FROM %s
 		WHERE (transaction_id, "offset") > ((SELECT last_processed_transaction_id FROM last_processed),
 				(SELECT offset_acked FROM last_processed))
@@ -76,7 +82,7 @@ func (s relaySchema) SelectQuery(topic, consumerGroup string, _ wmsql.OffsetsAda
 		ORDER BY transaction_id, "offset" LIMIT %d`,
 		s.MessagesTable(topic), s.SubscribeBatchSize)
 	return wmsql.Query{Query: fmt.Sprintf(mergeSQL, page, MaxEventsPerRelay, MergeRowsBelow),
-		Args: []any{consumerGroup, s.takeoverWait.Seconds()}}
+		Args: []any{consumerGroup, s.takeoverWait.Seconds(), s.idleTimeout.Seconds()}}
 }
 
 // mergeSQL groups a page of outbox rows (%[1]s) in commit order:

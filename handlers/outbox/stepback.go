@@ -55,6 +55,10 @@ type StepBackConfig struct {
 	// destination's fault, such as one refused for a lost position
 	// (PositionGuard): they do not make the relay step back. Optional.
 	Excuse func(error) bool
+	// Hold, when set, keeps the relay back while it answers an error (such
+	// as TopicGuard.Blocked): no pause, no probe; the relay reads again
+	// once it answers nil. Optional.
+	Hold func() error
 	// OnChange is told when the relay steps back (with the publish's
 	// error and the pause) and when it comes back (nil, 0). Optional.
 	OnChange func(back bool, cause error, pause time.Duration)
@@ -111,10 +115,20 @@ func NewStepBack(cfg StepBackConfig) (*StepBack, error) {
 }
 
 // Back reports whether the relay stands back now.
-func (s *StepBack) Back() bool {
+func (s *StepBack) Back() bool { return s.refusal() != nil }
+
+// refusal is why the relay stands back now, nil when it does not.
+func (s *StepBack) refusal() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.back
+	back := s.back
+	s.mu.Unlock()
+	if back {
+		return ErrSteppedBack
+	}
+	if s.cfg.Hold != nil {
+		return s.cfg.Hold()
+	}
+	return nil
 }
 
 // Publisher wraps the relay's publisher: a failed publish makes the relay
@@ -142,16 +156,15 @@ func (p stepBackPublisher) Publish(topic string, msgs ...*message.Message) error
 	return nil
 }
 
-// Middleware does not call the handler while the relay stands back, or
+// Middleware does not call the handler while the relay stands back (it
+// answers why: ErrSteppedBack, or Hold's error), or
 // when the message's context ends within PublishTimeout: it waits until
 // the message's context ends (the subscriber then ends its transaction
 // without an ack), and nacks.
 func (s *StepBack) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		var refused error
-		if s.Back() {
-			refused = ErrSteppedBack
-		} else if deadline, ok := msg.Context().Deadline(); ok && s.cfg.PublishTimeout > 0 && time.Until(deadline) < s.cfg.PublishTimeout {
+		refused := s.refusal()
+		if deadline, ok := msg.Context().Deadline(); refused == nil && ok && s.cfg.PublishTimeout > 0 && time.Until(deadline) < s.cfg.PublishTimeout {
 			refused = ErrNoTimeToPublish
 		}
 		if refused == nil {

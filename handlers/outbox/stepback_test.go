@@ -155,7 +155,7 @@ func TestRelaySchema_StandingBackReadsNothingAndLocksNothing(t *testing.T) {
 	require.NoError(t, outbox.PublishTx(tx, "topic", msg))
 	require.NoError(t, tx.Commit())
 	var back atomic.Bool
-	schema := outbox.RelaySchema(10, back.Load, 0)
+	schema := outbox.RelaySchema(10, back.Load, 0, 0)
 	read := func() (rows int) {
 		tx := db.MustBegin()
 		defer func() { require.NoError(t, tx.Rollback()) }()

@@ -1,6 +1,7 @@
 package catalogtest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -44,17 +45,35 @@ type sent struct {
 // ends.
 func StartRelay(t testing.TB, db *sqlx.DB) *Relay {
 	t.Helper()
+	return StartRelayWith(t, db, router.PromotionConfig{})
+}
+
+// StartRelayWith is StartRelay with the router's config; its brokers, and
+// short janitor and poll intervals where it sets none, are filled in.
+func StartRelayWith(t testing.TB, db *sqlx.DB, cfg router.PromotionConfig) *Relay {
+	t.Helper()
 	r := &Relay{db: db, topic: kafkatest.Topic(t, 1), sent: map[string]sent{}}
+	RunPromotion(t, db, r.topic, cfg)
+	return r
+}
+
+// RunPromotion runs a promotion router (its expirer idle) on db, relaying
+// its outbox to topic, until the test ends or the returned stop. cfg's
+// brokers, and short janitor and poll intervals where it sets none, are
+// filled in.
+func RunPromotion(t testing.TB, db *sqlx.DB, topic string, cfg router.PromotionConfig) (stop func()) {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	exp, err := expire.New(db, expire.Config{Interval: time.Hour, Topic: r.topic}, log)
+	exp, err := expire.New(db, expire.Config{Interval: time.Hour, Topic: topic}, log)
 	require.NoError(t, err)
 	m, err := router.NewPromotionMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
-	p, err := router.NewPromotion(db, exp, m, log, router.PromotionConfig{Kafka: kafkatest.Cluster(t),
-		OutboxPollInterval: 20 * time.Millisecond, JanitorInterval: 200 * time.Millisecond})
+	cfg.Kafka = kafkatest.Cluster(t)
+	cfg.OutboxPollInterval = cmp.Or(cfg.OutboxPollInterval, 20*time.Millisecond)
+	cfg.JanitorInterval = cmp.Or(cfg.JanitorInterval, 200*time.Millisecond)
+	p, err := router.NewPromotion(db, exp, m, log, cfg)
 	require.NoError(t, err)
-	RunUntilCleanup(t, p.Run, p.Router.IsRunning)
-	return r
+	return RunUntilCleanup(t, p.Run, p.Router.IsRunning)
 }
 
 // Send writes a new purchase's event into the outbox in a transaction of
@@ -132,6 +151,15 @@ func (r *Relay) LongestDelays(t testing.TB) map[string]time.Duration {
 	t.Helper()
 	out := map[string]time.Duration{}
 	r.eachDelay(t, func(label string, d time.Duration) { out[label] = max(out[label], d) })
+	return out
+}
+
+// Delays waits until every event sent is on the topic, and returns each
+// one's time from its commit to its record's timestamp.
+func (r *Relay) Delays(t testing.TB) []time.Duration {
+	t.Helper()
+	var out []time.Duration
+	r.eachDelay(t, func(_ string, d time.Duration) { out = append(out, d) })
 	return out
 }
 

@@ -60,6 +60,9 @@ type BatchPublisherConfig struct {
 	// producer of the same id fences the one before it. Every process that
 	// may take the place of another must use the same id. Optional.
 	TransactionalID string
+	// Pinned, when set, is the partition count to hash each topic's keys
+	// over (PinnedHashPartitioner). Optional: Sarama's hash partitioner.
+	Pinned func(topic string) int32
 }
 
 // PublishTimeoutDefault is a Publish's bound: past a broker's own wait for
@@ -222,6 +225,9 @@ func (p *BatchPublisher) current() *producerConn {
 		sc := p.cfg.Cluster.DurableProducerConfig(p.cfg.ClientID)
 		if p.cfg.TransactionalID != "" {
 			transactional(sc, p.cfg.TransactionalID, p.cfg.Timeout)
+		}
+		if p.cfg.Pinned != nil {
+			sc.Producer.Partitioner = PinnedHashPartitioner(p.cfg.Pinned)
 		}
 		p.conn = &producerConn{brokers: p.cfg.Cluster.Brokers, config: sc,
 			dialer: newFencedDialer(sc.Net.DialTimeout, sc.Net.KeepAlive, p.cfg.Lease)}

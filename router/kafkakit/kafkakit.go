@@ -34,13 +34,19 @@ func (c Cluster) Validate() error {
 }
 
 // ClientConfig is a Sarama client speaking KafkaVersion with the cluster's
-// security. Its consumers read read_committed: the relay publishes in
+// security. It never creates a topic it names: a topic deleted under a
+// client (the relay's producer, the catalog's consumer group) would come
+// back with the broker's defaults (one partition, cleanup.policy=delete)
+// wherever the broker allows auto-creation; a missing topic is an error
+// instead (sarama.ErrUnknownTopicOrPartition).
+// Its consumers read read_committed: the relay publishes in
 // transactions (BatchPublisherConfig.TransactionalID), and a record of an
 // aborted or still open one (a frozen relay's) must never be seen.
 func (c Cluster) ClientConfig(clientID string) *sarama.Config {
 	sc := sarama.NewConfig()
 	sc.ClientID = clientID
 	sc.Version = KafkaVersion
+	sc.Metadata.AllowAutoTopicCreation = false
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Security.apply(sc)
 	return sc
@@ -48,6 +54,8 @@ func (c Cluster) ClientConfig(clientID string) *sarama.Config {
 
 // DurableProducerConfig is a Sarama producer that does not lose an acknowledged
 // event: acks=all, idempotent, one request in flight so retries keep order.
+// Like every client of ClientConfig, it never creates a topic: a publish to
+// a missing topic fails.
 func (c Cluster) DurableProducerConfig(clientID string) *sarama.Config {
 	sc := c.ClientConfig(clientID)
 	sc.Producer.RequiredAcks = sarama.WaitForAll

@@ -36,6 +36,8 @@ type world struct {
 	// truncated: the topic's first record is deleted (DeleteRecords), as
 	// retention would.
 	truncated bool
+	// lost and reconciled are the evidence's sets of those names.
+	lost, reconciled map[uuid.UUID]bool
 }
 
 type craftedObject struct {
@@ -67,7 +69,7 @@ type craftedRecord struct {
 // (published, P1) at their true boosts, five of six of them non-zero.
 func newWorld() *world {
 	w := &world{projects: [2]uuid.UUID{uuid.New(), uuid.New()}, purchases: map[string]*craftedPurchase{},
-		malformed: map[string]bool{}, cardDelta: map[uuid.UUID]int{}}
+		malformed: map[string]bool{}, cardDelta: map[uuid.UUID]int{}, lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{}}
 	for i, pub := range []bool{true, false, true, true} {
 		w.objects = append(w.objects, craftedObject{id: uuid.New(), project: w.projects[i/2], published: pub})
 	}
@@ -97,9 +99,20 @@ func newWorld() *world {
 	c.publish(event.StatusCancelled, 2)
 	d := add("D", 9, 2*time.Hour, project(1))
 	d.publish(event.StatusActive, 1)
+	// R: a cancel that a failover lost, published all the same, then the
+	// database's truth written again by reconcile.
+	r := add("R", 5, time.Hour, project(0))
+	r.publish(event.StatusActive, 1)
+	r.publish(event.StatusCancelled, 2)
+	r.publish(event.StatusActive, 3)
+	w.reconciled[r.base.PurchaseId] = true
 	for _, p := range w.purchases {
 		p.setRow(p.records[len(p.records)-1])
 	}
+	// L: answered 201 by a primary that failed over before its standby had it.
+	lost := uuid.New()
+	w.created = append(w.created, lost)
+	w.lost[lost] = true
 	key := uuid.NewString()
 	w.malformed[key] = true
 	w.extra = append(w.extra, craftedRecord{key: key, value: []byte(`{"PurchaseId": 7, "Status":"Frozen"`)})
@@ -246,7 +259,8 @@ func (w *world) check(t *testing.T) []violation {
 	for _, id := range w.created {
 		created[id] = true
 	}
-	ev := evidence{removed: removed, records: recs, rows: rows, created: created, malformed: w.malformed}
+	ev := evidence{removed: removed, records: recs, rows: rows, created: created, malformed: w.malformed,
+		lost: w.lost, reconciled: w.reconciled}
 	return append(ev.violations(), checkCards(cards)...)
 }
 
@@ -365,6 +379,16 @@ func TestChecker_DetectsEachViolation(t *testing.T) {
 			h.publish(event.StatusActive, 1)
 			return h.base.PurchaseId.String()
 		}, createdNoRow},
+		{"a phantom of a purchase a failover lost", func(w *world) string {
+			l := w.another("L2", "D", true)
+			l.publish(event.StatusActive, 1)
+			w.lost[l.base.PurchaseId] = true
+			return l.base.PurchaseId.String()
+		}, noRow},
+		{"a reconciled purchase that lost a version", func(w *world) string {
+			w.purchases["R"].drop(2)
+			return w.purchases["R"].base.PurchaseId.String()
+		}, lostVersion},
 		{"records removed from the topic", func(w *world) string {
 			w.truncated = true
 			return "starts at offset"

@@ -31,6 +31,8 @@ type env struct {
 	ctx   context.Context
 	dbURL string
 	db    *sqlx.DB
+	// dbName is the scenario's database on its server.
+	dbName string
 
 	topic, dlq, replay, group string
 	tenants                   []tenant
@@ -44,6 +46,9 @@ type env struct {
 	kafkaProxies    []*nettest.Proxy
 	pgProxy         *nettest.Proxy
 	kafkaVia, pgVia map[string]bool
+	// pair is the scenario's own primary and standby (scenario.replicated),
+	// nil on the stack's server.
+	pair *pgPair
 
 	// started is when the scenario's processes were started: the window of
 	// its Prometheus checks begins there.
@@ -59,6 +64,10 @@ type env struct {
 	// malformed are the keys of the records a scenario wrote to break the
 	// contract on purpose: the checker leaves out those records, and only those.
 	malformed map[string]bool
+	// lost and reconciled: the checker's evidence of the same names.
+	lost, reconciled map[uuid.UUID]bool
+	// promotionFlags: the scenario's.
+	promotionFlags []string
 }
 
 type tenant struct {
@@ -78,19 +87,29 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	t.Helper()
 	sfx := suffix()
 	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx, created: map[uuid.UUID]bool{}, malformed: map[string]bool{},
+		lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{}, promotionFlags: sc.promotionFlags,
 		kafkaVia: set(sc.kafkaVia), pgVia: set(sc.pgVia),
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
 		replay: "pin.catalog.promotion-boost-replay.faults-" + sfx, group: "pin-catalog-promotion-boost-faults-" + sfx}
-	admin, err := sqlx.Open("postgres", s.dbBase)
+	name := "faults_" + sfx
+	e.dbName = name
+	base := s.dbBase
+	if sc.replicated != "" {
+		e.pair = startPair(t, sc.replicated)
+		base = e.pair.primary.URL("sslmode=disable")
+	}
+	admin, err := sqlx.Open("postgres", base)
 	must(t, err)
 	defer admin.Close()
-	name := "faults_" + sfx
 	_, err = admin.Exec(`CREATE DATABASE ` + name)
 	must(t, err)
-	u, err := url.Parse(s.dbBase)
+	u, err := url.Parse(base)
 	must(t, err)
 	u.Path = "/" + name
 	e.dbURL = u.String()
+	if e.pair != nil && len(e.pgVia) == 0 {
+		e.dbURL = e.pair.dsn(name)
+	}
 	e.db, err = sqlx.Open("postgres", e.dbURL)
 	must(t, err)
 	e.db.SetMaxOpenConns(10)
@@ -100,7 +119,7 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 			p.Close()
 		}
 		e.db.Close()
-		if !t.Failed() {
+		if !t.Failed() && e.pair == nil {
 			if a, err := sqlx.Open("postgres", s.dbBase); err == nil {
 				_, _ = a.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
 				a.Close()
@@ -119,6 +138,15 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 		e.tenants = append(e.tenants, tenant{token: fmt.Sprintf("token-%d-%s", i, sfx), id: uuid.New()})
 	}
 	e.startProxies(u)
+	if e.pair != nil && e.pgProxy != nil {
+		// The checker, too, reaches the database at the address the
+		// scenario moves.
+		e.dbURL = e.dbFor("*")
+		e.db.Close()
+		e.db, err = sqlx.Open("postgres", e.dbURL)
+		must(t, err)
+		e.db.SetMaxOpenConns(10)
+	}
 	for i := range sc.promotions {
 		e.promotions = append(e.promotions, newProc(t, s, "promotion", i+1, e.promotionArgs))
 	}
@@ -144,9 +172,10 @@ func (e *env) promotionArgs(name string) []string {
 	for i, tn := range e.tenants {
 		tokens[i] = tn.token + "=" + tn.id.String()
 	}
-	return []string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic,
+	return append([]string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic,
 		// The production schedule (60s interval, 30s most per cycle) at the alert rules' time scale.
-		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"}
+		"--expire-interval", "2s", "--expire-max-duration", "1s", "--api-tokens", strings.Join(tokens, ","), "--log-level", "warn"},
+		e.promotionFlags...)
 }
 
 func (e *env) catalogArgs(name string) []string {

@@ -30,7 +30,8 @@ func (e *env) checkEvents() []string {
 		return []string{err.Error()}
 	}
 	e.mu.Lock()
-	ev := evidence{removed: removed, records: records, rows: rows, created: maps.Clone(e.created), malformed: maps.Clone(e.malformed)}
+	ev := evidence{removed: removed, records: records, rows: rows, created: maps.Clone(e.created), malformed: maps.Clone(e.malformed),
+		lost: maps.Clone(e.lost), reconciled: maps.Clone(e.reconciled)}
 	e.mu.Unlock()
 	return texts(ev.violations())
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -71,7 +72,11 @@ func newProc(t *testing.T, s *suite, job string, n int, args func(name string) [
 	// which one is inside a transaction.
 	for i, a := range p.args {
 		if a == "--database-url" && i+1 < len(p.args) {
-			p.args[i+1] += "&application_name=" + p.name
+			sep := " " // a keyword DSN's
+			if strings.Contains(p.args[i+1], "://") {
+				sep = "&"
+			}
+			p.args[i+1] += sep + "application_name=" + p.name
 		}
 	}
 	p.logs = filepath.Join(s.work, fmt.Sprintf("%s-%s.log", t.Name(), p.name))

@@ -25,6 +25,11 @@ type scenario struct {
 	// kafkaVia and pgVia name the processes ("promotion-1", "*" for all)
 	// whose Kafka or PostgreSQL traffic goes through the env's proxies.
 	kafkaVia, pgVia []string
+	// replicated gives the scenario a PostgreSQL primary and standby of its
+	// own instead of the stack's server (replicated_test.go).
+	replicated replication
+	// promotionFlags are more command-line flags of the promotion processes.
+	promotionFlags []string
 }
 
 var scenarios = []scenario{
@@ -52,6 +57,10 @@ var scenarios = []scenario{
 	{num: 19, name: "(i) a foreign writer holds an xid for 2 minutes", run: foreignWriter, promotions: 2, catalogs: 1},
 	{num: 20, name: "(j) the relay holder's PostgreSQL session is killed mid-page", run: killRelaySession, promotions: 2, catalogs: 1},
 	{num: 21, name: "(k) PostgreSQL crash under load (immediate shutdown, crash recovery)", run: crashPostgres, promotions: 2, catalogs: 2},
+	{num: 23, name: "(m) synchronous failover with a multi-host DSN", run: syncFailover, promotions: 2, catalogs: 2,
+		replicated: synchronous},
+	{num: 25, name: "(o) a standby at the primary's address", run: standbyAtPrimaryAddress, promotions: 2, catalogs: 1,
+		replicated: synchronous, pgVia: []string{"*"}},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a

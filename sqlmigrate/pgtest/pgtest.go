@@ -90,3 +90,14 @@ func Open(t testing.TB, url string) *sqlx.DB {
 	require.NoError(t, err)
 	return db
 }
+
+// OpenAsIs is a handle on the database at url, opened as the processes open
+// theirs and not migrated (a standby or a read-only database refuses a
+// migration's writes); it is closed at cleanup.
+func OpenAsIs(t testing.TB, url string) *sqlx.DB {
+	t.Helper()
+	db, err := open(url)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db
+}

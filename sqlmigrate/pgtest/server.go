@@ -42,7 +42,8 @@ type Server struct {
 
 	owner                 serviceUser
 	bindir, data, logFile string
-	conninfo              string // a standby's primary_conninfo (StartStandby)
+	conninfo              string            // a standby's primary_conninfo (StartStandby)
+	settings              map[string]string // what it was started with
 }
 
 // URL is the server's postgres database URL with the given query, e.g.
@@ -103,6 +104,7 @@ func StartServer(t testing.TB, opts ServerOptions) *Server {
 // stops it at cleanup.
 func (s *Server) start(t testing.TB, settings map[string]string) {
 	t.Helper()
+	s.settings = settings
 	var lastErr error
 	for range 3 { // a free port can be taken between picking and binding it
 		s.Port = FreePort(t)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,8 +47,12 @@ func (s *Server) StartStandby(t testing.TB, name string) *Server {
 	require.NoError(t, err)
 	_, err = fmt.Fprintf(f, "primary_conninfo = '%s'\n", conninfo)
 	require.NoError(t, errors.Join(err, f.Close()))
-	st.start(t, map[string]string{"listen_addresses": st.Host, "unix_socket_directories": dir,
-		"fsync": "off", "full_page_writes": "off", "hot_standby": "on"})
+	// The primary's settings: a standby refuses to replay with lower limits
+	// (max_connections and the like) than its primary's.
+	settings := maps.Clone(s.settings)
+	settings["unix_socket_directories"] = dir
+	settings["hot_standby"] = "on"
+	st.start(t, settings)
 	st.conninfo = conninfo
 	return st
 }
