@@ -39,7 +39,7 @@ var mayImport = map[string][]string{
 	"router/reconcile":               {"handlers/", "router/bounded", "router/kafkakit"},
 	"router/status":                  {"handlers/", "middleware", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild"},
 	"router":                         {"handlers/", "middleware", "middleware/otlpexport", "router/audit", "router/bounded", "router/dlqreplay", "router/kafkakit", "router/rebuild", "router/reconcile", "router/status"},
-	"router/catalogtest":             {"handlers/", "middleware", "router", "router/kafkakit", "router/kafkakit/kafkatest", "sqlmigrate/pgtest"},
+	"router/catalogtest":             {"handlers/", "middleware", "router", "router/bounded", "router/kafkakit", "router/kafkakit/kafkatest", "sqlmigrate/pgtest"},
 	"app/api":                        {"handlers/", "router/bounded", "router/rebuild"},
 	"app/demo":                       {"handlers/event"},
 	"app":                            {"app/api", "app/demo", "handlers/", "middleware", "middleware/otlpexport", "router", "router/", "sqlmigrate"},

@@ -183,15 +183,22 @@ func TestStatus_IsHealthyOnAHealthyStackAndNamesEachRedPartInItsExitStatus(t *te
 	})
 }
 
+// syncProducer is a plain producer of the test's, closed when the test ends.
+func syncProducer(t *testing.T, clientID string) sarama.SyncProducer {
+	t.Helper()
+	cfg := kafkatest.Cluster(t).ClientConfig(clientID)
+	cfg.Producer.Return.Successes = true
+	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = producer.Close() })
+	return producer
+}
+
 // produceBroken publishes n records that break the contract (the consumer
 // dead-letters them), each keyed by a purchase id of its own.
 func produceBroken(t *testing.T, topic string, n int) {
 	t.Helper()
-	cfg := kafkatest.Cluster(t).ClientConfig("promoflow-test-broken")
-	cfg.Producer.Return.Successes = true
-	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(t), cfg)
-	require.NoError(t, err)
-	defer producer.Close()
+	producer := syncProducer(t, "promoflow-test-broken")
 	for range n {
 		id := uuid.NewString()
 		_, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(id),

@@ -60,6 +60,9 @@ type PromotionConfig struct {
 	// RelayPosition is the relay's guard of its outbox position: how long a
 	// good check of its session lets it write to Kafka (see addRelay).
 	RelayPosition outbox.PositionGuardConfig
+	// RelayTransactionalID is the relay producer's Kafka transactional.id, one
+	// for every process of an outbox (see addRelay). Empty: no transactions.
+	RelayTransactionalID string
 	// RelayStandbyFlush are the standbys that must have flushed a page
 	// before the relay publishes it (outbox.StandbyFlush). Defaults to off.
 	RelayStandbyFlush outbox.Standbys
@@ -220,6 +223,10 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // TopicCheckInterval and on each step back) holds the relay back the same
 // way, with the events in the outbox; meanwhile its producer hashes each key
 // over the pinned count, so a key never moves to a partition added in place.
+//
+// A holder frozen mid-publish may send, on thawing, what its lease no longer
+// governs: with RelayTransactionalID each publish is a Kafka transaction, and
+// the next holder fences the frozen producer (kafkakit/transaction.go).
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	topics, err := newTopicGuard(db, m, log, cfg)
 	if err != nil {
@@ -230,7 +237,8 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		stepCfg.Probe = cfg.Kafka.Ping
 	}
 	stepCfg.PublishTimeout = cfg.RelayPublishTimeout
-	// A publish refused for the lease lost its position, not Kafka.
+	// A publish refused for the lease lost its position, not Kafka. A fenced
+	// one is not excused: two holders that fence each other step back.
 	stepCfg.Excuse = func(err error) bool { return errors.Is(err, kafkakit.ErrLeaseExpired) }
 	stepCfg.OnChange = func(back bool, cause error, pause time.Duration) {
 		if back {
@@ -279,7 +287,7 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	if pub == nil {
 		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
 			Marshaler: kafkakit.KeyedMarshaler{Key: event.PartitionKey}, Timeout: cfg.RelayPublishTimeout,
-			Lease: guard.ValidUntil, Pinned: pinned})
+			Lease: guard.ValidUntil, Pinned: pinned, TransactionalID: cfg.RelayTransactionalID})
 		if err != nil {
 			return err
 		}

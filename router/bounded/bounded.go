@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -63,9 +64,11 @@ const (
 	bufferedRecords = 64
 )
 
-// Dial connects to the cluster.
+// Dial connects to the cluster. It reads read_committed, as every reader of
+// the purchase topic must: the relay publishes in transactions, and a fenced
+// relay's aborted records stay in the log (tail.go).
 func Dial(cluster kafkakit.Cluster, clientID string) (*Client, error) {
-	return dial(cluster, clientID, sarama.ReadUncommitted)
+	return dial(cluster, clientID, sarama.ReadCommitted)
 }
 
 // DialCommitted is Dial for a reader that must see committed records only
@@ -183,7 +186,8 @@ func (c *Client) readOne(ctx context.Context, consumer sarama.Consumer, r Range,
 		return rangeError(r, r.From, err)
 	}
 	defer pc.AsyncClose()
-	return ReadRange(ctx, r, pc.Messages(), pc.Errors(), handle, progress)
+	settled := func(next int64) (bool, error) { return c.settled(r.Topic, r.Partition, next, r.End) }
+	return readRange(ctx, r, pc.Messages(), pc.Errors(), handle, progress, settled)
 }
 
 // ReadRange hands handle every record of r that arrives on msgs, in order, and
@@ -193,12 +197,39 @@ func (c *Client) readOne(ctx context.Context, consumer sarama.Consumer, r Range,
 // with an error, never a panic. errs may be nil; progress may be nil.
 func ReadRange(ctx context.Context, r Range, msgs <-chan *sarama.ConsumerMessage, errs <-chan *sarama.ConsumerError,
 	handle Handler, progress *Progress) error {
-	next := r.From
+	return readRange(ctx, r, msgs, errs, handle, progress, nil)
+}
+
+// readRange is ReadRange that, when settled is set, also ends once settled
+// says no record it would hand over is left before r.End (tail.go).
+func readRange(ctx context.Context, r Range, msgs <-chan *sarama.ConsumerMessage, errs <-chan *sarama.ConsumerError,
+	handle Handler, progress *Progress, settled func(next int64) (bool, error)) error {
+	var tick <-chan time.Time
+	if settled != nil {
+		t := time.NewTicker(tailCheckAfter)
+		defer t.Stop()
+		tick = t.C
+	}
+	next, quiet := r.From, true
 	for next < r.End {
 		var rec *sarama.ConsumerMessage
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-tick:
+			if !quiet {
+				quiet = true
+				continue
+			}
+			done, err := settled(next)
+			if err != nil {
+				return rangeError(r, next, err)
+			}
+			if done {
+				progress.advance(r.End - next)
+				return nil
+			}
+			continue
 		case cerr, ok := <-errs:
 			if !ok {
 				errs = nil // closed with the consumer; msgs tells the rest
@@ -209,7 +240,7 @@ func ReadRange(ctx context.Context, r Range, msgs <-chan *sarama.ConsumerMessage
 			if !ok {
 				return rangeError(r, next, errors.New("the partition consumer stopped"))
 			}
-			rec = m
+			rec, quiet = m, false
 		}
 		if rec.Offset >= r.End {
 			break

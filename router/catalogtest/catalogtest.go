@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/promoflow/promoflow/handlers/boost"
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router"
+	"github.com/promoflow/promoflow/router/bounded"
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
@@ -191,14 +193,28 @@ func Target(kind event.TargetKind, id uuid.UUID) event.Target {
 	return event.Target{TargetKind: kind, TargetId: id}
 }
 
-// TopicSize sums the high-water marks of every partition of topic.
+// TopicSize counts the records of topic that a read_committed consumer
+// reads: the relay's transaction markers and aborted records take offsets
+// but are no records.
 func TopicSize(t testing.TB, topic string) int64 {
 	t.Helper()
-	var total int64
-	for _, n := range PartitionSizes(t, topic) {
-		total += n
+	client, err := bounded.Dial(kafkatest.Cluster(t), "promoflow-test")
+	require.NoError(t, err)
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	require.NoError(t, err)
+	ranges := make([]bounded.Range, len(parts))
+	for i, p := range parts {
+		ranges[i] = p.Whole()
 	}
-	return total
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var total atomic.Int64
+	require.NoError(t, client.Read(ctx, ranges, func(context.Context, *sarama.ConsumerMessage) error {
+		total.Add(1)
+		return nil
+	}, nil))
+	return total.Load()
 }
 
 // PartitionSizes maps every partition of topic to its high-water mark.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -23,6 +24,11 @@ import (
 // a caller that moves on after a timeout, such as a relay that lets another
 // process take the outbox position, leaves nothing of it in flight that a
 // cut network could deliver late, after newer records of the same keys.
+//
+// With a TransactionalID, each Publish is one Kafka transaction instead
+// (transaction.go): what a frozen process had sent before it froze, or
+// sends after it thaws, is aborted or refused by the brokers once another
+// producer of the same id has started, whatever its own clock or sockets do.
 type BatchPublisher struct {
 	cfg BatchPublisherConfig
 
@@ -49,6 +55,11 @@ type BatchPublisherConfig struct {
 	// write reaches a broker: fence.go) and the Publish fails with
 	// ErrLeaseExpired. Optional.
 	Lease func() time.Time
+	// TransactionalID, when set, makes each Publish one Kafka transaction
+	// of a producer with this transactional.id (transaction.go): a new
+	// producer of the same id fences the one before it. Every process that
+	// may take the place of another must use the same id. Optional.
+	TransactionalID string
 	// Pinned, when set, is the partition count to hash each topic's keys
 	// over (PinnedHashPartitioner). Optional: Sarama's hash partitioner.
 	Pinned func(topic string) int32
@@ -90,14 +101,16 @@ func (c BatchPublisherConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// NewBatchPublisher connects a durable producer to the cluster.
+// NewBatchPublisher connects to the cluster. Its producer starts with the
+// first Publish: a transactional one fences the producer of its id then, not
+// while another process may still be the one that publishes.
 func NewBatchPublisher(cfg BatchPublisherConfig) (*BatchPublisher, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	p := &BatchPublisher{cfg: cfg, send: (*producerConn).sendMessages}
-	if _, err := p.current().producer(); err != nil {
+	if err := p.current().connect(); err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
 	return p, nil
@@ -109,8 +122,22 @@ func NewBatchPublisher(cfg BatchPublisherConfig) (*BatchPublisher, error) {
 // them, the error is a *BatchError; the others are on Kafka, and its
 // Delivered names those a resend may leave out. When Kafka does not answer
 // within the timeout, the error is ErrPublishTimeout, and none of msgs can
-// reach Kafka later from this call.
+// reach Kafka later from this call. With a TransactionalID, msgs are
+// committed whole or not at all, and the error is never a *BatchError.
 func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
+	deadline := time.Now().Add(p.cfg.Timeout)
+	err := p.publish(topic, msgs, deadline)
+	if errors.Is(err, ErrProducerFenced) && !p.leaseEnded() && time.Now().Before(deadline) {
+		// A producer of another process fenced this one since its last
+		// transaction (it held the outbox position meanwhile): this process
+		// may write now, so its new producer fences that one in turn.
+		err = p.publish(topic, msgs, deadline)
+	}
+	return err
+}
+
+// publish is one attempt of Publish, which ends by deadline.
+func (p *BatchPublisher) publish(topic string, msgs []*message.Message, deadline time.Time) error {
 	records := make([]*sarama.ProducerMessage, len(msgs))
 	for i, msg := range msgs {
 		r, err := p.cfg.Marshaler.Marshal(topic, msg)
@@ -130,13 +157,16 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 		defer conn.dialer.sending.Add(-1)
 		done <- p.send(conn, records)
 	}()
-	err, refused := p.await(conn, done)
+	err, refused := p.await(conn, done, deadline)
 	if refused != nil {
 		return fmt.Errorf("produce %d messages: %w", len(msgs), refused)
 	}
 	if conn.dialer.leaseRefused.Load() {
 		p.cutOff(conn)
 		return fmt.Errorf("produce %d messages: %w", len(msgs), ErrLeaseExpired)
+	}
+	if conn.transactional() {
+		return p.transactionOutcome(conn, len(msgs), err)
 	}
 	var perRecord sarama.ProducerErrors
 	if errors.As(err, &perRecord) {
@@ -156,8 +186,7 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 
 // await waits for the send's outcome on done, and cuts conn off when the
 // timeout or the lease passes first (refused says which).
-func (p *BatchPublisher) await(conn *producerConn, done <-chan error) (err, refused error) {
-	deadline := time.Now().Add(p.cfg.Timeout)
+func (p *BatchPublisher) await(conn *producerConn, done <-chan error, deadline time.Time) (err, refused error) {
 	for {
 		wait := time.Until(deadline)
 		if p.cfg.Lease != nil {
@@ -194,6 +223,9 @@ func (p *BatchPublisher) current() *producerConn {
 	defer p.mu.Unlock()
 	if p.conn == nil {
 		sc := p.cfg.Cluster.DurableProducerConfig(p.cfg.ClientID)
+		if p.cfg.TransactionalID != "" {
+			transactional(sc, p.cfg.TransactionalID, p.cfg.Timeout)
+		}
 		if p.cfg.Pinned != nil {
 			sc.Producer.Partitioner = PinnedHashPartitioner(p.cfg.Pinned)
 		}
@@ -240,30 +272,50 @@ type producerConn struct {
 	// sends are the SendMessages under way: the producer is closed only
 	// after them (Sarama panics on a send into a producer being closed).
 	sends sync.WaitGroup
+
+	txn      sync.Mutex  // one transaction at a time (transaction.go)
+	unusable atomic.Bool // its transactions failed for good: the next Publish needs a new producer
 }
 
-// producer connects on first use. Once the dialer is fenced it fails at once.
-func (c *producerConn) producer() (sarama.SyncProducer, error) {
+// connect dials the client on first use. Once the dialer is fenced it fails at once.
+func (c *producerConn) connect() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.connectLocked()
+}
+
+func (c *producerConn) connectLocked() error {
 	if c.closed {
-		return nil, ErrFenced
+		return ErrFenced
 	}
-	if c.sync != nil {
-		return c.sync, nil
+	if c.client != nil {
+		return nil
 	}
 	sc := *c.config
 	sc.Net.Proxy.Enable, sc.Net.Proxy.Dialer = true, c.dialer
 	client, err := sarama.NewClient(c.brokers, &sc)
 	if err != nil {
+		return err
+	}
+	c.client = client
+	return nil
+}
+
+// producer starts the producer on first use, on the client.
+func (c *producerConn) producer() (sarama.SyncProducer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.connectLocked(); err != nil {
 		return nil, err
 	}
-	producer, err := sarama.NewSyncProducerFromClient(client)
+	if c.sync != nil {
+		return c.sync, nil
+	}
+	producer, err := sarama.NewSyncProducerFromClient(c.client)
 	if err != nil {
-		_ = client.Close()
 		return nil, err
 	}
-	c.client, c.sync = client, producer
+	c.sync = producer
 	return producer, nil
 }
 
@@ -280,6 +332,9 @@ func (c *producerConn) sendMessages(records []*sarama.ProducerMessage) error {
 	c.sends.Add(1)
 	c.mu.Unlock()
 	defer c.sends.Done()
+	if c.transactional() {
+		return c.sendTransaction(producer, records)
+	}
 	return producer.SendMessages(records)
 }
 
@@ -288,13 +343,16 @@ func (c *producerConn) sendMessages(records []*sarama.ProducerMessage) error {
 // waiting out their backoffs against a dialer that refuses them.
 func (c *producerConn) close() error {
 	c.mu.Lock()
-	if c.closed || c.sync == nil {
+	if c.closed || c.client == nil {
 		c.closed = true
 		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
 	c.mu.Unlock()
+	if c.sync == nil {
+		return c.client.Close()
+	}
 	if c.dialer.isAborted() {
 		_ = c.client.Close()
 		c.sends.Wait()
@@ -303,58 +361,4 @@ func (c *producerConn) close() error {
 	}
 	c.sends.Wait()
 	return errors.Join(c.sync.Close(), c.client.Close())
-}
-
-// BatchError is a batch that Kafka did not acknowledge whole.
-type BatchError struct {
-	// Failed maps the UUID of each message Kafka did not acknowledge to its error.
-	Failed map[string]error
-	// Delivered holds the UUID of each message Kafka acknowledged and that no
-	// refused message of the same key precedes in the batch: a resend may
-	// leave these out and still keep every key's order. (An acknowledged
-	// message behind a refused one of its key goes again after it, so that the
-	// key's last record stays its newest.)
-	Delivered map[string]bool
-	// Total is the size of the batch.
-	Total int
-}
-
-// delivered is BatchError.Delivered of records, in the order they were sent.
-func delivered(records []*sarama.ProducerMessage, failed map[string]error) map[string]bool {
-	out := make(map[string]bool, len(records)-len(failed))
-	refusedKeys := map[string]bool{}
-	for _, r := range records {
-		uuid, _ := r.Metadata.(string)
-		var key string
-		if r.Key != nil {
-			b, _ := r.Key.Encode()
-			key = string(b)
-		}
-		switch {
-		case failed[uuid] != nil:
-			refusedKeys[key] = true
-		case r.Key == nil || !refusedKeys[key]:
-			out[uuid] = true
-		}
-	}
-	return out
-}
-
-func (e *BatchError) Error() string {
-	var first error
-	for _, err := range e.Failed {
-		first = err
-		break
-	}
-	return fmt.Sprintf("kafka refused %d of %d messages: %v", len(e.Failed), e.Total, first)
-}
-
-// MessageError is the outcome of one message of a Publish that returned err:
-// nil when Kafka acknowledged that message although others failed.
-func MessageError(err error, uuid string) error {
-	var be *BatchError
-	if errors.As(err, &be) {
-		return be.Failed[uuid]
-	}
-	return err
 }

@@ -1,6 +1,7 @@
 package kafkakit_test
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,4 +77,45 @@ func TestBatchPublisher_PastItsLeaseCutsTheProducerOff(t *testing.T) {
 		ids = append(ids, kafkatest.Header(m, kafka.UUIDHeaderKey))
 	}
 	require.Equal(t, []string{"first", "next"}, ids, "nothing of the Publish whose lease passed reached the topic")
+}
+
+// TestBatchPublisher_AFencedProducerIsReplacedOnlyWithinItsLease: two
+// publishers of one transactional id take turns, as relay processes do at
+// the outbox position; each turn's first Publish finds its producer fenced
+// by the other's and publishes on a new one. Once its lease has passed, a
+// fenced publisher fails instead, and fences no one.
+func TestBatchPublisher_AFencedProducerIsReplacedOnlyWithinItsLease(t *testing.T) {
+	t.Parallel()
+	topic := kafkatest.Topic(t, 1)
+	var until atomic.Int64
+	until.Store(time.Now().Add(time.Hour).UnixNano())
+	publisher := func(lease func() time.Time) *kafkakit.BatchPublisher {
+		pub, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "fenced-test",
+			Marshaler: kafka.DefaultMarshaler{}, Lease: lease, TransactionalID: "fenced-test." + topic})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pub.Close() })
+		return pub
+	}
+	first := publisher(func() time.Time { return time.Unix(0, until.Load()) })
+	second := publisher(nil)
+	var want []string
+	for i, pub := range []*kafkakit.BatchPublisher{first, second, first, second} {
+		id := fmt.Sprintf("turn-%d", i)
+		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte(id))), "turn %d", i)
+		want = append(want, id)
+	}
+
+	until.Store(time.Now().Add(-time.Second).UnixNano())
+	require.ErrorIs(t, first.Publish(topic, message.NewMessage("late", []byte("late"))), kafkakit.ErrLeaseExpired)
+	require.NoError(t, second.Publish(topic, message.NewMessage("last", []byte("last"))), "the late publisher fenced no one")
+	want = append(want, "last")
+
+	got := kafkatest.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		return len(ms) > 0 && kafkatest.Header(ms[len(ms)-1], kafka.UUIDHeaderKey) == "last"
+	})
+	var ids []string
+	for _, m := range got {
+		ids = append(ids, kafkatest.Header(m, kafka.UUIDHeaderKey))
+	}
+	require.Equal(t, want, ids, "each turn once, in order")
 }

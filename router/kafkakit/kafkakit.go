@@ -39,11 +39,15 @@ func (c Cluster) Validate() error {
 // back with the broker's defaults (one partition, cleanup.policy=delete)
 // wherever the broker allows auto-creation; a missing topic is an error
 // instead (sarama.ErrUnknownTopicOrPartition).
+// Its consumers read read_committed: the relay publishes in
+// transactions (BatchPublisherConfig.TransactionalID), and a record of an
+// aborted or still open one (a frozen relay's) must never be seen.
 func (c Cluster) ClientConfig(clientID string) *sarama.Config {
 	sc := sarama.NewConfig()
 	sc.ClientID = clientID
 	sc.Version = KafkaVersion
 	sc.Metadata.AllowAutoTopicCreation = false
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Security.apply(sc)
 	return sc
 }

@@ -22,7 +22,8 @@ type Consumer struct {
 	State   string   `json:"state"`
 	Members []Member `json:"members"`
 	// Partitions of the topic; Behind lists those with records the group
-	// has not consumed, MaxLag and SumLag count them.
+	// has not consumed, MaxLag and SumLag count them (in offsets, the
+	// relay's transaction markers among them, past 10,000 on a partition).
 	Partitions int            `json:"partitions"`
 	Behind     []PartitionLag `json:"behind"`
 	MaxLag     int64          `json:"maxLag"`
@@ -117,7 +118,10 @@ func (s *Consumer) readGroup(client *bounded.Client) error {
 }
 
 // readLag compares the group's committed offsets with the partitions' ends,
-// and reads the oldest record not consumed of each partition behind.
+// and reads the oldest record not consumed of each partition behind. A
+// partition whose offsets past the committed one hold no record to read (the
+// relay's transaction markers, aborted records) is not behind, and a lag of
+// up to lagCountMost offsets is counted in records (the markers left out).
 func (s *Consumer) readLag(ctx context.Context, client *bounded.Client, topic string) (time.Duration, error) {
 	parts, err := client.Partitions(topic)
 	if err != nil {
@@ -128,7 +132,10 @@ func (s *Consumer) readLag(ctx context.Context, client *bounded.Client, topic st
 		return 0, err
 	}
 	s.Partitions, s.Behind = len(parts), []PartitionLag{}
-	var ranges []bounded.Range
+	var (
+		ranges []bounded.Range
+		behind []PartitionLag
+	)
 	for _, p := range parts {
 		r, off := p.Whole(), int64(-1)
 		if c, ok := committed[p.Partition]; ok {
@@ -138,25 +145,37 @@ func (s *Consumer) readLag(ctx context.Context, client *bounded.Client, topic st
 			continue
 		}
 		ranges = append(ranges, r)
-		s.Behind = append(s.Behind, PartitionLag{Partition: p.Partition, Committed: off, End: p.Newest, Lag: r.Len()})
-		s.SumLag += r.Len()
-		s.MaxLag = max(s.MaxLag, r.Len())
+		behind = append(behind, PartitionLag{Partition: p.Partition, Committed: off, End: p.Newest, Lag: r.Len()})
 	}
 	heads, err := client.Heads(ctx, ranges)
 	if err != nil {
 		return 0, err
 	}
 	var oldest time.Duration
-	for i, b := range s.Behind {
-		if ts, ok := heads[b.Partition]; ok {
-			age := max(time.Since(ts), 0)
-			s.Behind[i].OldestSeconds = seconds(age)
-			oldest = max(oldest, age)
+	for i, b := range behind {
+		ts, ok := heads[b.Partition]
+		if !ok {
+			continue
 		}
+		if b.Lag <= lagCountMost {
+			if b.Lag, err = client.Records(ranges[i]); err != nil {
+				return 0, err
+			}
+		}
+		age := max(time.Since(ts), 0)
+		b.OldestSeconds = seconds(age)
+		oldest = max(oldest, age)
+		s.Behind = append(s.Behind, b)
+		s.SumLag += b.Lag
+		s.MaxLag = max(s.MaxLag, b.Lag)
 	}
 	s.MaxLagSeconds = seconds(oldest)
 	return oldest, nil
 }
+
+// lagCountMost is the largest lag, in offsets, that readLag counts record by
+// record: a few fetches of the partition.
+const lagCountMost = 10_000
 
 // judge mirrors CatalogPromotionLagHigh (the oldest record not consumed is
 // older than the SLO) and CatalogPromotionDeadLetters (a dead letter within
