@@ -213,6 +213,11 @@ func (f *StandbyFlush) wait(ctx context.Context) error {
 	}
 	for {
 		err := f.flushed(ctx, lsn)
+		if err != nil {
+			if nerr := f.nudge(ctx, lsn); nerr != nil {
+				err = fmt.Errorf("%w; flush the WAL: %w", err, nerr)
+			}
+		}
 		if err == nil {
 			if f.cfg.OnWait != nil {
 				f.cfg.OnWait(time.Since(start))
@@ -228,6 +233,32 @@ func (f *StandbyFlush) wait(ctx context.Context) error {
 		case <-time.After(f.cfg.Poll):
 		}
 	}
+}
+
+// nudge makes the primary flush its WAL up to lsn when it has not yet. The
+// bound may hold records of transactions still running (the relay's own
+// lock on its position, an outbox writer under way), which PostgreSQL
+// flushes only with a later commit or a full page, and a standby receives
+// only what its primary flushed: on an idle server the wait would never
+// end. The commit of a transaction that took an id flushes every record
+// before its own; synchronous_commit=local, so that it waits for no standby.
+func (f *StandbyFlush) nudge(ctx context.Context, lsn string) error {
+	var behind bool
+	if err := f.db.QueryRowContext(ctx, `SELECT pg_current_wal_flush_lsn() < $1::pg_lsn`, lsn).Scan(&behind); err != nil || !behind {
+		return err
+	}
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SET LOCAL synchronous_commit = local`); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT pg_current_xact_id()`); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // flushed is nil once the configured standbys have flushed lsn. Only
