@@ -59,6 +59,8 @@ var scenarios = []scenario{
 	{num: 21, name: "(k) PostgreSQL crash under load (immediate shutdown, crash recovery)", run: crashPostgres, promotions: 2, catalogs: 2},
 	{num: 23, name: "(m) synchronous failover with a multi-host DSN", run: syncFailover, promotions: 2, catalogs: 2,
 		replicated: synchronous},
+	{num: 24, name: "(n) dump and restore into a fresh cluster under traffic", run: restoreIntoFreshCluster, promotions: 2, catalogs: 2,
+		replicated: single, pgVia: []string{"*"}, kafkaVia: []string{"promotion-1", "promotion-2"}},
 	{num: 25, name: "(o) a standby at the primary's address", run: standbyAtPrimaryAddress, promotions: 2, catalogs: 1,
 		replicated: synchronous, pgVia: []string{"*"}},
 }
