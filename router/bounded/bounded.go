@@ -65,26 +65,15 @@ const (
 )
 
 // Dial connects to the cluster. It reads read_committed, as every reader of
-// the purchase topic must: the relay publishes in transactions, and a fenced
-// relay's aborted records stay in the log (tail.go).
+// the purchase topic must (kafkakit.Cluster.ClientConfig): a transactional
+// relay's aborted records stay in the log (tail.go), and the ends it reads
+// are the last stable offsets. Looking a topic up never creates it
+// (ClientConfig, too).
 func Dial(cluster kafkakit.Cluster, clientID string) (*Client, error) {
-	return dial(cluster, clientID, sarama.ReadCommitted)
-}
-
-// DialCommitted is Dial for a reader that must see committed records only
-// (read_committed): the ends it reads are the last stable offsets.
-func DialCommitted(cluster kafkakit.Cluster, clientID string) (*Client, error) {
-	return dial(cluster, clientID, sarama.ReadCommitted)
-}
-
-func dial(cluster kafkakit.Cluster, clientID string, isolation sarama.IsolationLevel) (*Client, error) {
 	cfg := cluster.ClientConfig(clientID)
-	cfg.Consumer.IsolationLevel = isolation
 	cfg.Consumer.Return.Errors = true
 	cfg.Consumer.Fetch.MaxBytes, cfg.Consumer.Fetch.Default = fetchBytes, partitionBytes
 	cfg.ChannelBufferSize = bufferedRecords
-	// Looking a topic up must never create it.
-	cfg.Metadata.AllowAutoTopicCreation = false
 	c, err := sarama.NewClient(cluster.Brokers, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)

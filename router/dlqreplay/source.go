@@ -59,7 +59,6 @@ func newSource(cfg Config, progress *bounded.Progress, partitions int, ranges []
 func (s *source) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	sc := s.cfg.Kafka.ClientConfig("promoflow-dlq-replay")
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	sc.Metadata.AllowAutoTopicCreation = false
 	group, err := sarama.NewConsumerGroup(s.cfg.Kafka.Brokers, s.cfg.Group, sc)
 	if err != nil {
 		return nil, fmt.Errorf("join group %s: %w", s.cfg.Group, err)

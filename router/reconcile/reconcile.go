@@ -165,7 +165,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 // readNewest reads every partition from its earliest offset to its end at
 // start and keeps each purchase's event of the highest version.
 func readNewest(ctx context.Context, cfg Config, rep *Report) (map[uuid.UUID]event.PurchaseChanged, error) {
-	client, err := bounded.DialCommitted(cfg.Kafka, "promoflow-reconcile")
+	client, err := bounded.Dial(cfg.Kafka, "promoflow-reconcile")
 	if err != nil {
 		return nil, err
 	}
