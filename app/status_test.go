@@ -72,6 +72,13 @@ func (st *statusStack) status(t *testing.T) (code int, rep status.Report, ok boo
 // returns the report.
 func (st *statusStack) waitStatus(t *testing.T, code int) status.Report {
 	t.Helper()
+	return st.waitStatusWhere(t, code, func(status.Report) bool { return true })
+}
+
+// waitStatusWhere waits until the status exits with code and its report
+// satisfies done (a state the consumer reaches record by record).
+func (st *statusStack) waitStatusWhere(t *testing.T, code int, done func(status.Report) bool) status.Report {
+	t.Helper()
 	var (
 		last int
 		rep  status.Report
@@ -79,7 +86,7 @@ func (st *statusStack) waitStatus(t *testing.T, code int) status.Report {
 	if !assert.Eventually(t, func() bool {
 		var ok bool
 		last, rep, ok = st.status(t)
-		return ok && last == code
+		return ok && last == code && done(rep)
 	}, 90*time.Second, 500*time.Millisecond) {
 		report, _ := json.MarshalIndent(rep, "", "  ")
 		t.Fatalf("promoflow status exits %d, want %d; its report:\n%s", last, code, report)
@@ -176,7 +183,9 @@ func TestStatus_IsHealthyOnAHealthyStackAndNamesEachRedPartInItsExitStatus(t *te
 
 	t.Run("full DLQ", func(t *testing.T) {
 		produceBroken(t, st.topic, 5)
-		rep := st.waitStatus(t, exitConsumerRed)
+		rep := st.waitStatusWhere(t, exitConsumerRed, func(rep status.Report) bool {
+			return rep.Consumer.DeadLetters != nil && rep.Consumer.DeadLetters.Records == 5 // dead-lettered one by one
+		})
 		require.Equal(t, []string{"CatalogPromotionDeadLetters"}, alerts(rep.Consumer.Health))
 		require.EqualValues(t, 5, rep.Consumer.DeadLetters.Records)
 		require.Equal(t, "contract_violation", rep.Consumer.DeadLetters.Rows[0].Code)
