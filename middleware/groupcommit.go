@@ -341,12 +341,14 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R], slot int) (err error) 
 			positions = append(positions, w.pos)
 		}
 	}
-	if err := g.cfg.Offsets.StoreTx(ctx, tx, slot, positions); err != nil {
+	offsetsCommitted, err := g.cfg.Offsets.StoreTx(ctx, tx, slot, positions)
+	if err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit unit of work: %w", err)
 	}
+	offsetsCommitted()
 	for i, w := range fresh {
 		w.result = results[i]
 	}

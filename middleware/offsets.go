@@ -46,6 +46,16 @@ const SeekTimeoutDefault = 10 * time.Second
 // offset row only moves forward, so that a transaction that commits late,
 // or a member that lost the partition, never moves it back.
 //
+// The database may lose writes under a running consumer too: an
+// asynchronous failover while the process keeps its consumer group session.
+// The session then goes on from Kafka's position, past events the promoted
+// database never got. Offset rows only move forward, so each transaction
+// reads the offsets of the partitions it moves (the highest of their rows,
+// as the seek does) and compares them with what this process last committed
+// to them: a partition found behind that says the database lost commits. The transaction then fails with ErrOffsetsLost, and every
+// claim of the process ends, so that the next session seeks to what the
+// database holds.
+//
 // router's TestCatalog_OffsetsLiveWithTheProjection fails the catalog
 // database over to a standby that missed the last transactions and sees
 // every lost event applied again; TestCatalog_OffsetRowCommitsOrRollsBackWithTheProjection
@@ -54,8 +64,15 @@ type Offsets struct {
 	db  *sqlx.DB
 	log *slog.Logger
 
-	mu   sync.Mutex
-	runs map[claimKey]Run
+	mu    sync.Mutex
+	runs  map[claimKey]Run
+	stops map[claimKey]func()
+	// committed is the highest offset this process's transactions
+	// committed to each partition.
+	committed map[claimKey]int64
+	// gen counts the losses found: a transaction whose offsets were worked
+	// out before one may not store them.
+	gen int
 	// ended is the last mark of each claim that ended since the last
 	// session's cleanup stored them.
 	ended map[claimKey]int64
@@ -90,7 +107,8 @@ func PositionOf(msg *message.Message) (Position, bool) {
 // NewOffsets returns the offsets of the consumer whose projection lives in
 // db. A nil log logs to slog.Default().
 func NewOffsets(db *sqlx.DB, log *slog.Logger) *Offsets {
-	return &Offsets{db: db, log: cmp.Or(log, slog.Default()), runs: map[claimKey]Run{}, ended: map[claimKey]int64{}}
+	return &Offsets{db: db, log: cmp.Or(log, slog.Default()), runs: map[claimKey]Run{}, stops: map[claimKey]func(){},
+		committed: map[claimKey]int64{}, ended: map[claimKey]int64{}}
 }
 
 // Claim registers run as the order of topic's partition until release,
@@ -98,18 +116,22 @@ func NewOffsets(db *sqlx.DB, log *slog.Logger) *Offsets {
 // none). The session's cleanup stores those marks: the records of a
 // partition's last transactions are acked after it committed, and no later
 // transaction of the claim stores their offsets, so without it a consumer
-// that stops would read them again when it starts.
-func (o *Offsets) Claim(topic string, partition int32, run Run) (release func(marked int64)) {
+// that stops would read them again when it starts. stop ends the claim
+// (and so the session): it is called when the database lost offsets.
+func (o *Offsets) Claim(topic string, partition int32, run Run, stop func()) (release func(marked int64)) {
 	k := claimKey{topic, partition}
 	o.mu.Lock()
 	o.runs[k] = run
+	o.stops[k] = stop
 	o.mu.Unlock()
 	return func(marked int64) {
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		if o.runs[k] == run {
-			delete(o.runs, k)
+		if o.runs[k] != run {
+			return // stopped: its marks passed what the database lost
 		}
+		delete(o.runs, k)
+		delete(o.stops, k)
 		if marked > o.ended[k] {
 			o.ended[k] = marked
 		}
@@ -117,9 +139,9 @@ func (o *Offsets) Claim(topic string, partition int32, run Run) (release func(ma
 }
 
 // nexts is each partition's next offset if the records at positions commit
-// now; a partition nobody claims is left out (it is stored by whoever
-// claims it next).
-func (o *Offsets) nexts(positions []Position) []Position {
+// now, and the generation of the claims it read; a partition nobody claims
+// is left out (it is stored by whoever claims it next).
+func (o *Offsets) nexts(positions []Position) ([]Position, int) {
 	byPart := map[claimKey][]int64{}
 	for _, p := range positions {
 		k := claimKey{p.Topic, p.Partition}
@@ -137,7 +159,7 @@ func (o *Offsets) nexts(positions []Position) []Position {
 			out = append(out, Position{Topic: k.topic, Partition: k.partition, Offset: next})
 		}
 	}
-	return out
+	return out, o.gen
 }
 
 // StoreTx writes, in tx, the next offset of each partition that the records
@@ -146,19 +168,41 @@ func (o *Offsets) nexts(positions []Position) []Position {
 // never wait for each other's commit on a row, and the seek takes the
 // highest of a partition's rows (each row alone never passes an uncommitted
 // record). It goes last in the transaction (the lock order of
-// handlers/boost/lock.go), rows in topic and partition order.
-func (o *Offsets) StoreTx(ctx context.Context, tx *sqlx.Tx, slot int, positions []Position) error {
+// handlers/boost/lock.go), rows in topic and partition order. The caller
+// calls committed once tx committed. A row found behind what this process
+// committed to it fails with ErrOffsetsLost, after every claim was stopped.
+func (o *Offsets) StoreTx(ctx context.Context, tx *sqlx.Tx, slot int, positions []Position) (committed func(), err error) {
 	if o == nil || len(positions) == 0 {
-		return nil
+		return func() {}, nil
 	}
-	return upsertOffsets(ctx, tx, slot, o.nexts(positions))
+	nexts, gen := o.nexts(positions)
+	prev, err := upsertOffsets(ctx, tx, slot, nexts)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.checkNotLost(gen, nexts, prev); err != nil {
+		return nil, err
+	}
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.gen != gen {
+			return
+		}
+		for _, n := range nexts {
+			k := claimKey{n.Topic, n.Partition}
+			o.committed[k] = max(o.committed[k], n.Offset)
+		}
+	}, nil
 }
 
 // upsertOffsets moves each partition's row forward to its next offset, in
-// the caller's transaction or in one of its own.
-func upsertOffsets(ctx context.Context, tx sqlx.ExecerContext, slot int, nexts []Position) error {
+// the caller's transaction or in one of its own, and returns the
+// partitions' offsets as they were before (the highest of their rows; a
+// partition without a row is left out).
+func upsertOffsets(ctx context.Context, tx sqlx.QueryerContext, slot int, nexts []Position) (map[claimKey]int64, error) {
 	if len(nexts) == 0 {
-		return nil
+		return nil, nil
 	}
 	slices.SortFunc(nexts, func(a, b Position) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
@@ -167,14 +211,34 @@ func upsertOffsets(ctx context.Context, tx sqlx.ExecerContext, slot int, nexts [
 	for i, n := range nexts {
 		topics[i], parts[i], offsets[i] = n.Topic, n.Partition, n.Offset
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO catalog.consumer_offsets AS o (topic, partition, slot, next_offset)
-		SELECT t, p, $4, n FROM unnest($1::text[], $2::int[], $3::bigint[]) AS r (t, p, n) ORDER BY 1, 2
-		ON CONFLICT (topic, partition, slot) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
-		WHERE o.next_offset < EXCLUDED.next_offset`, pq.Array(topics), pq.Array(parts), pq.Array(offsets), slot)
+	// The statements of a WITH see one snapshot: prev reads the rows as
+	// they were before the upsert.
+	rows, err := tx.QueryxContext(ctx, `WITH prev AS (
+			SELECT o.topic, o.partition, max(o.next_offset) AS next_offset FROM catalog.consumer_offsets o
+			JOIN unnest($1::text[], $2::int[]) AS r (t, p) ON o.topic = r.t AND o.partition = r.p
+			GROUP BY 1, 2),
+		up AS (INSERT INTO catalog.consumer_offsets AS o (topic, partition, slot, next_offset)
+			SELECT t, p, $4, n FROM unnest($1::text[], $2::int[], $3::bigint[]) AS r (t, p, n) ORDER BY 1, 2
+			ON CONFLICT (topic, partition, slot) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+			WHERE o.next_offset < EXCLUDED.next_offset)
+		SELECT topic, partition, next_offset FROM prev`, pq.Array(topics), pq.Array(parts), pq.Array(offsets), slot)
 	if err != nil {
-		return fmt.Errorf("store consumer offsets: %w", err)
+		return nil, fmt.Errorf("store consumer offsets: %w", err)
 	}
-	return nil
+	defer rows.Close()
+	prev := map[claimKey]int64{}
+	for rows.Next() {
+		var k claimKey
+		var next int64
+		if err := rows.Scan(&k.topic, &k.partition, &next); err != nil {
+			return nil, fmt.Errorf("store consumer offsets: %w", err)
+		}
+		prev[k] = next
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store consumer offsets: %w", err)
+	}
+	return prev, nil
 }
 
 // Stored is the next offset of each partition of topic that has rows: the
@@ -227,7 +291,7 @@ func (s seeker) Cleanup(sess sarama.ConsumerGroupSession) error {
 	if len(marks) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), SeekTimeoutDefault)
 		defer cancel()
-		if err := upsertOffsets(ctx, s.offsets.db, cleanupSlot, marks); err != nil {
+		if _, err := upsertOffsets(ctx, s.offsets.db, cleanupSlot, marks); err != nil {
 			s.offsets.log.Warn("consumer-offsets-not-stored", "partitions", len(marks), "error", err.Error())
 		}
 	}
@@ -251,5 +315,6 @@ func (s seeker) Setup(sess sarama.ConsumerGroupSession) error {
 		}
 		s.offsets.log.Info("consumer-offsets-seek", "topic", topic, "claimed", len(partitions), "stored", stored)
 	}
+	go s.offsets.watch(sess.Context(), LossCheckInterval)
 	return s.ConsumerGroupHandler.Setup(sess)
 }

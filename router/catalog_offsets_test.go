@@ -1,6 +1,8 @@
 package router_test
 
 import (
+	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
+	"github.com/promoflow/promoflow/handlers/nettest"
 	"github.com/promoflow/promoflow/router/catalogtest"
 	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
@@ -36,20 +39,7 @@ func TestCatalog_OffsetsLiveWithTheProjection(t *testing.T) {
 		b.Produce(t, ev)
 		last[ev.PurchaseId] = ev
 	}
-	expected := func() map[uuid.UUID]int {
-		want := map[uuid.UUID]int{}
-		for _, c := range cards {
-			want[c] = 0
-		}
-		for _, ev := range last {
-			if ev.Status == event.StatusActive {
-				for _, tg := range ev.Targets {
-					want[tg.TargetId] += ev.BoostWeight
-				}
-			}
-		}
-		return want
-	}
+	expected := func() map[uuid.UUID]int { return boostsOf(cards, last) }
 	var before []event.PurchaseChanged
 	for i := range 24 {
 		ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%7, catalogtest.Target(event.TargetProject, cards[i%len(cards)]))
@@ -167,4 +157,94 @@ func TestCatalog_OffsetRowCommitsOrRollsBackWithTheProjection(t *testing.T) {
 		FROM catalog.consumer_offsets WHERE topic = $1 GROUP BY partition`, b.Cfg.Topic))
 	require.Len(t, rows, 1, "rows for the record's partition only")
 	require.Equal(t, ends[rows[0].Partition], rows[0].Next, "the row is at the offset after the record")
+}
+
+// TestCatalog_RunningConsumerReplaysWhatItsDatabaseLost: the catalog
+// database fails over to a standby that missed the consumer's last
+// transactions while the consumer keeps running, its consumer group session
+// alive, reaching the promoted standby at the same address. It finds the
+// offsets behind what it had committed, by its first transaction there (with
+// traffic after the failover) or by its periodic check (a quiet topic); it
+// ends its session, seeks to what the database holds and applies again what
+// the database lost: every card equals a recompute from every event.
+func TestCatalog_RunningConsumerReplaysWhatItsDatabaseLost(t *testing.T) {
+	t.Parallel()
+	for name, after := range map[string]int{"traffic after the failover": 30, "quiet after the failover": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			replaysWhatTheDatabaseLost(t, after)
+		})
+	}
+}
+
+// replaysWhatTheDatabaseLost runs the failover of
+// TestCatalog_RunningConsumerReplaysWhatItsDatabaseLost, with after events
+// produced once the standby took over.
+func replaysWhatTheDatabaseLost(t *testing.T, after int) {
+	primary := pgtest.StartServer(t, pgtest.ServerOptions{})
+	proxy, err := nettest.NewProxy("127.0.0.1:0", fmt.Sprintf("%s:%d", primary.Host, primary.Port))
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	b := catalogtest.NewOn(t, "postgres://postgres@"+proxy.Addr()+"/postgres?sslmode=disable", true)
+	cards := make([]uuid.UUID, 6)
+	for i := range cards {
+		cards[i] = uuid.New()
+		b.ProjectCard(t, cards[i])
+	}
+	standby := primary.StartStandby(t, "catalog-standby")
+	b.Start(t)
+
+	last := map[uuid.UUID]event.PurchaseChanged{}
+	produce := func(ev event.PurchaseChanged) {
+		b.Produce(t, ev)
+		last[ev.PurchaseId] = ev
+	}
+	expected := func() map[uuid.UUID]int { return boostsOf(cards, last) }
+	for i := range 24 {
+		produce(catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%7, catalogtest.Target(event.TargetProject, cards[i%len(cards)])))
+	}
+	require.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), expected()) }, 30*time.Second, 20*time.Millisecond,
+		"the consumer applies the first events")
+	primary.WaitReplayed(t, standby)
+
+	// What the consumer applies from now on is on the primary only.
+	standby.Detach(t)
+	for id, ev := range maps.Clone(last) {
+		ev.BoostWeight, ev.Version = ev.BoostWeight+40, 2
+		if id[0]%2 == 0 {
+			ev.Status = event.StatusCancelled
+		}
+		produce(ev)
+	}
+	require.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), expected()) }, 30*time.Second, 20*time.Millisecond,
+		"the consumer applies the later events on the primary")
+	waitLagZero(t, b.Cfg.ConsumerGroup, b.Cfg.Topic)
+
+	// The primary dies; the standby takes its address. The consumer runs on.
+	primary.Kill(t)
+	standby.Promote(t)
+	proxy.Redirect(fmt.Sprintf("%s:%d", standby.Host, standby.Port))
+	for i := range after {
+		produce(catalogtest.PurchaseEvent(event.StatusActive, 1, 50+i, catalogtest.Target(event.TargetProject, cards[i%len(cards)])))
+	}
+	want := expected()
+	require.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), want) }, time.Minute, 50*time.Millisecond,
+		"every card equals a recompute from every event, what the failover lost applied again: want %v, have %v",
+		want, b.CardBoosts(t))
+}
+
+// boostsOf is each card's boost that the last event of each purchase implies.
+func boostsOf(cards []uuid.UUID, last map[uuid.UUID]event.PurchaseChanged) map[uuid.UUID]int {
+	want := map[uuid.UUID]int{}
+	for _, c := range cards {
+		want[c] = 0
+	}
+	for _, ev := range last {
+		if ev.Status == event.StatusActive {
+			for _, tg := range ev.Targets {
+				want[tg.TargetId] += ev.BoostWeight
+			}
+		}
+	}
+	return want
 }

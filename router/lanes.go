@@ -100,8 +100,13 @@ func laneOf(key []byte, n int) int {
 func (l lanes) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	order := &inOrder{sess: sess, slots: l.slots}
 	marking := markInOrder{ConsumerGroupSession: sess, order: order}
+	// ended closes when the offsets say the database lost commits: the
+	// claim ends, and with it the session, whose successor seeks to what
+	// the database holds.
+	ended := make(chan struct{})
 	if l.offsets != nil {
-		release := l.offsets.Claim(claim.Topic(), claim.Partition(), order)
+		var once sync.Once
+		release := l.offsets.Claim(claim.Topic(), claim.Partition(), order, func() { once.Do(func() { close(ended) }) })
 		defer func() { release(order.lastMarked()) }()
 	}
 	feeds := make([]chan *sarama.ConsumerMessage, l.n)
@@ -122,7 +127,17 @@ func (l lanes) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Consu
 				close(f)
 			}
 		}()
-		for msg := range claim.Messages() {
+		for {
+			var msg *sarama.ConsumerMessage
+			select {
+			case m, ok := <-claim.Messages():
+				if !ok {
+					return
+				}
+				msg = m
+			case <-ended:
+				return
+			}
 			lane := laneOf(msg.Key, l.n)
 			if !order.fetched(msg, lane) {
 				select {
