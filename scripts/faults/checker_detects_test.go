@@ -38,6 +38,8 @@ type world struct {
 	truncated bool
 	// lost and reconciled are the evidence's sets of those names.
 	lost, reconciled map[uuid.UUID]bool
+	// phantoms are the evidence's phantoms.
+	phantoms map[string]bool
 }
 
 type craftedObject struct {
@@ -64,12 +66,15 @@ type craftedRecord struct {
 //   - C: Cancelled v2 on the unpublished object O1;
 //   - D: Active v1 on project P1;
 //   - a malformed record under a key marked malformed;
+//   - R: a reconciled purchase, L: one lost by a failover, X: a phantom
+//     expiry followed by the promoted database's own;
 //
 // with cards P0, P1, O0 (published, P0), O1 (unpublished, P0), O2 and O3
 // (published, P1) at their true boosts, five of six of them non-zero.
 func newWorld() *world {
 	w := &world{projects: [2]uuid.UUID{uuid.New(), uuid.New()}, purchases: map[string]*craftedPurchase{},
-		malformed: map[string]bool{}, cardDelta: map[uuid.UUID]int{}, lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{}}
+		malformed: map[string]bool{}, cardDelta: map[uuid.UUID]int{}, lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{},
+		phantoms: map[string]bool{}}
 	for i, pub := range []bool{true, false, true, true} {
 		w.objects = append(w.objects, craftedObject{id: uuid.New(), project: w.projects[i/2], published: pub})
 	}
@@ -106,6 +111,12 @@ func newWorld() *world {
 	r.publish(event.StatusCancelled, 2)
 	r.publish(event.StatusActive, 3)
 	w.reconciled[r.base.PurchaseId] = true
+	// X: expired by a primary that failed over before its standby had the
+	// expiry (a phantom), then expired again by the promoted standby.
+	x := add("X", 2, -time.Second, project(1))
+	x.publish(event.StatusActive, 1)
+	w.phantoms[x.publish(event.StatusExpired, 2).messageID] = true
+	x.publish(event.StatusExpired, 2)
 	for _, p := range w.purchases {
 		p.setRow(p.records[len(p.records)-1])
 	}
@@ -260,7 +271,7 @@ func (w *world) check(t *testing.T) []violation {
 		created[id] = true
 	}
 	ev := evidence{removed: removed, records: recs, rows: rows, created: created, malformed: w.malformed,
-		lost: w.lost, reconciled: w.reconciled}
+		lost: w.lost, reconciled: w.reconciled, phantoms: w.phantoms}
 	return append(ev.violations(), checkCards(cards)...)
 }
 
@@ -330,6 +341,10 @@ func TestChecker_DetectsEachViolation(t *testing.T) {
 			w.malformed = map[string]bool{}
 			return w.extra[0].key
 		}, notAnEvent},
+		{"a phantom's version published again, the phantom not known", func(w *world) string {
+			clear(w.phantoms)
+			return w.purchases["X"].base.PurchaseId.String()
+		}, duplicateVersion},
 		{"a version published twice", func(w *world) string {
 			d := w.purchases["D"]
 			d.publish(event.StatusActive, 1)

@@ -124,6 +124,13 @@ type evidence struct {
 	// reconciled are purchases `promoflow reconcile` wrote again after a
 	// failover: a phantom's terminal event may precede the database's truth.
 	reconciled map[uuid.UUID]bool
+	// phantoms are the MessageIds of records published by a primary while
+	// its asynchronous standby was cut off, before that standby was
+	// promoted: the promoted database may lack their changes, and publish
+	// those versions again as events of its own. Such a record does not
+	// count as a version published twice, as out of order or as a terminal
+	// event; every rule still holds among the other records.
+	phantoms map[string]bool
 }
 
 // parsed is a record that holds a valid event.
@@ -189,7 +196,7 @@ func (ev evidence) violations() []violation {
 		}
 	}
 	for _, row := range ev.rows {
-		out = append(out, checkPurchase(row, events[row.ID], lastOfKey, ev.reconciled[row.ID])...)
+		out = append(out, checkPurchase(row, events[row.ID], lastOfKey, ev.reconciled[row.ID], ev.phantoms)...)
 	}
 	for id := range ev.created {
 		if ev.lost[id] {
@@ -208,8 +215,10 @@ func (ev evidence) violations() []violation {
 }
 
 // checkPurchase applies the per-purchase rules to one row and its events, in
-// offset order; of a reconciled purchase, the terminal rules are left out.
-func checkPurchase(row purchaseRow, ps []parsed, lastOfKey map[string]parsed, reconciled bool) []violation {
+// offset order; of a reconciled purchase, the terminal rules are left out,
+// and phantoms (evidence.phantoms) are left out of the rules on order,
+// duplicates and terminal events.
+func checkPurchase(row purchaseRow, ps []parsed, lastOfKey map[string]parsed, reconciled bool, phantoms map[string]bool) []violation {
 	var out []violation
 	subject := fmt.Sprintf("purchase %s (%s v%d)", row.ID, row.Status, row.Version)
 	bad := func(kind violationKind, format string, args ...any) {
@@ -230,7 +239,7 @@ func checkPurchase(row purchaseRow, ps []parsed, lastOfKey map[string]parsed, re
 		distinct = append(distinct, p)
 	}
 	for i := 1; i < len(distinct); i++ {
-		if prev, p := distinct[i-1], distinct[i]; p.ev.Version < prev.ev.Version {
+		if prev, p := distinct[i-1], distinct[i]; p.ev.Version < prev.ev.Version && !phantoms[prev.id] {
 			bad(outOfOrder, "v%d at %s first appears after v%d at %s", p.ev.Version, p.rec.where(),
 				prev.ev.Version, prev.rec.where())
 		}
@@ -246,7 +255,7 @@ func checkPurchase(row purchaseRow, ps []parsed, lastOfKey map[string]parsed, re
 		if v == 1 && p.ev.Status != event.StatusActive {
 			bad(firstNotActive, "v1 is %s at %s", p.ev.Status, p.rec.where())
 		}
-		if p.ev.Status.Terminal() {
+		if p.ev.Status.Terminal() && !phantoms[p.id] {
 			terminal++
 			if i < len(distinct)-1 && !reconciled {
 				bad(afterTerminal, "%s v%d at %s is followed by v%d at %s", p.ev.Status, v, p.rec.where(),
@@ -258,7 +267,11 @@ func checkPurchase(row purchaseRow, ps []parsed, lastOfKey map[string]parsed, re
 		bad(terminalTwice, "%d terminal events", terminal)
 	}
 	for v := int64(1); v <= row.Version; v++ {
-		switch got := byVersion[v]; {
+		got := byVersion[v]
+		if real := slices.DeleteFunc(slices.Clone(got), func(p parsed) bool { return phantoms[p.id] }); len(real) > 0 {
+			got = real // a phantom and the promoted database's own event
+		}
+		switch {
 		case len(got) == 0:
 			bad(lostVersion, "v%d", v)
 		case len(got) > 1:

@@ -66,6 +66,9 @@ type env struct {
 	malformed map[string]bool
 	// lost and reconciled: the checker's evidence of the same names.
 	lost, reconciled map[uuid.UUID]bool
+	// phantomFrom and phantomTo bound, per partition, the offsets of the
+	// records whose MessageIds are the checker's phantoms (nil: none).
+	phantomFrom, phantomTo map[int32]int64
 	// promotionFlags: the scenario's.
 	promotionFlags []string
 }

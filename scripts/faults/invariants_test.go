@@ -31,7 +31,12 @@ func (e *env) checkEvents() []string {
 	}
 	e.mu.Lock()
 	ev := evidence{removed: removed, records: records, rows: rows, created: maps.Clone(e.created), malformed: maps.Clone(e.malformed),
-		lost: maps.Clone(e.lost), reconciled: maps.Clone(e.reconciled)}
+		lost: maps.Clone(e.lost), reconciled: maps.Clone(e.reconciled), phantoms: map[string]bool{}}
+	for _, r := range records {
+		if from, ok := e.phantomFrom[r.Partition]; ok && r.Offset >= from && r.Offset < e.phantomTo[r.Partition] {
+			ev.phantoms[r.MessageID] = true
+		}
+	}
 	e.mu.Unlock()
 	return texts(ev.violations())
 }
@@ -111,6 +116,26 @@ func (e *env) idle() (string, bool) {
 		return fmt.Sprintf("consumer group %s: %d records not committed", e.group, lag), false
 	}
 	return "", true
+}
+
+// topicEnds is the end offset of each partition of the scenario's topic.
+func (e *env) topicEnds() (map[int32]int64, error) {
+	client, err := sarama.NewClient(e.s.cluster().Brokers, e.s.cluster().ClientConfig("promoflow-faults"))
+	if err != nil {
+		return nil, fmt.Errorf("topic ends: %w", err)
+	}
+	defer client.Close()
+	parts, err := client.Partitions(e.topic)
+	if err != nil {
+		return nil, fmt.Errorf("topic ends: %w", err)
+	}
+	ends := make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		if ends[p], err = client.GetOffset(e.topic, p, sarama.OffsetNewest); err != nil {
+			return nil, fmt.Errorf("topic ends: %w", err)
+		}
+	}
+	return ends, nil
 }
 
 // consumerLag is how many records of the topic the consumer group has not

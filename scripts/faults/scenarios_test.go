@@ -66,6 +66,8 @@ var scenarios = []scenario{
 		replicated: single, pgVia: []string{"*"}, kafkaVia: []string{"promotion-1", "promotion-2"}},
 	{num: 25, name: "(o) a standby at the primary's address", run: standbyAtPrimaryAddress, promotions: 2, catalogs: 1,
 		replicated: synchronous, pgVia: []string{"*"}},
+	{num: 26, name: "(l') asynchronous failover without the standby flush: reconcile repairs every phantom",
+		run: asyncFailoverReconciled, promotions: 2, catalogs: 2, replicated: asynchronous},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
