@@ -159,6 +159,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
 	}
+	parks := &middleware.Parks{DB: db, Log: log}
 	dlq, err := newDLQPublisher(cfg.Kafka, wlog)
 	if err != nil {
 		return nil, err
@@ -166,7 +167,12 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	c.closers = append(c.closers, dlq.Close)
 	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{
 		Topic: cfg.DLQTopic, Logger: log,
-		OnDeadLetter: func(*message.Message, *middleware.Permanent) { m.DLQ.Inc() },
+		OnDeadLetter: func(msg *message.Message, p *middleware.Permanent) {
+			m.DLQ.Inc()
+			if p.Code == middleware.CodeParked {
+				parks.Done(msg)
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -179,6 +185,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		m.lag.Middleware,
 		poison,
 		mw.retry,
+		parks.Middleware,
 		mw.contractVersion,
 		mw.process,
 	}
