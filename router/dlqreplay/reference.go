@@ -29,7 +29,8 @@ var errBrokenReference = errors.New("the referenced record cannot be replayed")
 
 // dereference returns what to replay for a dead letter read from rec: the
 // dead letter itself, or the record it refers to, fetched and checked
-// against its hash, with the dead letter's replay count. An error wrapping
+// against its hash, with the dead letter's x-dlq headers (its replay count
+// among them) in place of its own. An error wrapping
 // errBrokenReference says why the record cannot be replayed; any other is a
 // failure of the replay.
 func (c Config) dereference(ctx context.Context, client *bounded.Client, rec *sarama.ConsumerMessage,
@@ -64,9 +65,13 @@ func (c Config) dereference(ctx context.Context, client *bounded.Client, rec *sa
 	if err != nil {
 		return nil, nil, fmt.Errorf("unmarshal %s/%d@%d: %w", topic, partition, offset, err)
 	}
-	delete(out.Metadata, middleware.HeaderDLQReplayCount)
-	if n := msg.Metadata.Get(middleware.HeaderDLQReplayCount); n != "" {
-		out.Metadata.Set(middleware.HeaderDLQReplayCount, n)
+	// The replay of a dead letter carries its x-dlq headers, by reference or not.
+	for _, h := range []string{middleware.HeaderDLQReason, middleware.HeaderDLQErrorCode, middleware.HeaderSourceTopic,
+		middleware.HeaderOriginalPartition, middleware.HeaderOriginalOffset, middleware.HeaderDLQReplayCount} {
+		delete(out.Metadata, h)
+		if v, ok := msg.Metadata[h]; ok {
+			out.Metadata.Set(h, v)
+		}
 	}
 	out.SetContext(msg.Context())
 	return out, bytes.Clone(orig.Key), nil
