@@ -44,7 +44,8 @@ func referenceHeaders() []string {
 // byReference is dlq without its value, naming the record it stands for.
 // It keeps every header when they fit, else only referenceHeaders.
 func byReference(msg, dlq *message.Message, fits func(*message.Message) bool) (*message.Message, error) {
-	if dlq.Metadata.Get(HeaderSourceTopic) == "" || dlq.Metadata.Get(HeaderOriginalOffset) == "" {
+	if dlq.Metadata.Get(HeaderSourceTopic) == "" || dlq.Metadata.Get(HeaderOriginalPartition) == "" ||
+		dlq.Metadata.Get(HeaderOriginalOffset) == "" {
 		return nil, fmt.Errorf("%w: %s is %d bytes", ErrNoReference, msg.UUID, len(msg.Payload))
 	}
 	sum := sha256.Sum256(msg.Payload)

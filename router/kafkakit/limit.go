@@ -68,7 +68,7 @@ func maxMessageBytes(admin sarama.ClusterAdmin, topic string) (int, error) {
 	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic,
 		ConfigNames: []string{"max.message.bytes"}})
 	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return 0, fmt.Errorf("%w: create it, or start with --create-topics", ErrNoSuchTopic)
+		return 0, fmt.Errorf("%w: create it, or start the catalog with --create-topics=true", ErrNoSuchTopic)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("describe topic: %w", err)
