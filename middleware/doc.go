@@ -9,7 +9,9 @@
 //     a retry holds the record.
 //  3. PoisonQueue (poison.go): sees only what Retry gave up on as Permanent,
 //     writes it to the DLQ with its key and headers, and acks it, so the
-//     partition flows on.
+//     partition flows on. A dead letter too large for the DLQ topic goes by
+//     reference (poison_reference.go): no value, where the record is and its
+//     hash, so that no record holds its key for its size.
 //  4. Retry (retry.go): a message whose partition was revoked (rebalance.go's
 //     Claims) yields whatever its error, before any classification, so
 //     nothing is dead-lettered for an offset that will not be committed.

@@ -160,13 +160,13 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		return c, nil
 	}
 	parks := &middleware.Parks{DB: db, Log: log}
-	dlq, err := newDLQPublisher(cfg.Kafka, wlog)
+	dlq, dlqLimit, err := newDLQPublisher(cfg.Kafka, cfg.DLQTopic, wlog)
 	if err != nil {
 		return nil, err
 	}
 	c.closers = append(c.closers, dlq.Close)
 	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{
-		Topic: cfg.DLQTopic, Logger: log,
+		Topic: cfg.DLQTopic, Logger: log, Fits: dlqLimit.Fits,
 		OnDeadLetter: func(msg *message.Message, p *middleware.Permanent) {
 			m.DLQ.Inc()
 			if p.Code == middleware.CodeParked {
@@ -260,16 +260,14 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 
 // newDLQPublisher writes dead letters under their record's key, so that the
 // dead letters of one purchase share a partition and a replay keeps their order.
-func newDLQPublisher(cluster kafkakit.Cluster, wlog watermillLogger) (*kafka.Publisher, error) {
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               cluster.Brokers,
-		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
-		OverwriteSaramaConfig: cluster.DurableProducerConfig("promoflow-catalog-dlq"),
-	}, wlog)
+// It sends no record larger than the DLQ topic takes (limit.Fits).
+func newDLQPublisher(cluster kafkakit.Cluster, topic string, wlog watermillLogger) (*kafka.Publisher, kafkakit.RecordLimit, error) {
+	pub, limit, err := cluster.NewLimitedPublisher(context.Background(), topic, "promoflow-catalog-dlq",
+		kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey}, wlog)
 	if err != nil {
-		return nil, fmt.Errorf("dlq publisher: %w", err)
+		return nil, limit, fmt.Errorf("dlq: %w", err)
 	}
-	return pub, nil
+	return pub, limit, nil
 }
 
 // Ready reports whether the consumer runs (or is switched off by the flag).
