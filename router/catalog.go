@@ -149,6 +149,8 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	claims := middleware.NewClaims()
 	// The consumer's offsets live with its projection (middleware/offsets.go).
 	offsets := middleware.NewOffsets(db, log)
+	// A stuck record fails at least once per longest backoff.
+	m.Stuck.SetExpiry(cfg.RetryMax * 5 / 2)
 	mw, err := newCatalogMiddlewares(db, m, log, cfg, claims, offsets)
 	if err != nil {
 		return nil, err
@@ -223,7 +225,10 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	retry, err := middleware.Retry(middleware.RetryConfig{
 		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
 		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
-		OnRetry: func(*message.Message, string, int, time.Duration, error) { m.Retries.Inc() },
+		OnRetry: func(msg *message.Message, _ string, _ int, _ time.Duration, err error) {
+			m.Retries.Inc()
+			m.Stuck.Failed(db, msg, err)
+		},
 		Session: claims.Session,
 	})
 	if err != nil {

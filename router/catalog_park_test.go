@@ -3,6 +3,7 @@ package router_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,21 @@ func TestDLQ_ParkMovesOneRecordAndThePartitionGoesOn(t *testing.T) {
 		"the record behind the failing one on its key waits")
 
 	ctx := context.Background()
+	// The stuck partition is shown: to the alert, and to promoflow status.
+	require.Eventually(t, func() bool {
+		for _, p := range b.Metrics.Stuck.Partitions(time.Now()) {
+			if p.Partition == partition && p.Offset == offset && strings.Contains(p.Error, "held by the test") {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 20*time.Millisecond, "the stuck partition is tracked with its offset and error")
+	require.Eventually(t, func() bool {
+		stuck, err := middleware.StuckInDB(ctx, b.DB, b.Cfg.Topic, 0, time.Minute)
+		require.NoError(t, err)
+		return len(stuck) == 1 && stuck[0].Partition == partition && stuck[0].Offset == offset
+	}, 10*time.Second, 20*time.Millisecond, "promoflow status reads the stuck partition from the database")
+
 	req := middleware.ParkRequest{Topic: b.Cfg.Topic, Partition: partition, Offset: offset, Reason: "bad row in the replica, ticket 42"}
 	require.NoError(t, middleware.RequestPark(ctx, b.DB, req))
 	b.WaitBoost(t, event.TargetProject, project, 25)
@@ -70,6 +86,11 @@ func TestDLQ_ParkMovesOneRecordAndThePartitionGoesOn(t *testing.T) {
 			WHERE topic = $1 AND partition = $2 AND "offset" = $3`, req.Topic, req.Partition, req.Offset))
 		return done
 	}, 10*time.Second, 20*time.Millisecond, "the park request is marked done")
+	require.Eventually(t, func() bool {
+		stuck, err := middleware.StuckInDB(ctx, b.DB, b.Cfg.Topic, 0, time.Minute)
+		require.NoError(t, err)
+		return len(stuck) == 0
+	}, 10*time.Second, 20*time.Millisecond, "the partition moved past the record: not stuck any more")
 	require.ErrorContains(t, middleware.RequestPark(ctx, b.DB, req), "parked already")
 	require.ErrorContains(t, middleware.RequestPark(ctx, b.DB, middleware.ParkRequest{Topic: b.Cfg.Topic, Offset: 1}),
 		"a reason is required")

@@ -29,6 +29,9 @@ type CatalogMetrics struct {
 	// ReadAheadBytes is what the consumer has fetched and not yet handled,
 	// as its read-ahead counts it (ConsumerBuffers.ReadAheadBytes).
 	ReadAheadBytes prometheus.Gauge
+	// Stuck tracks the record each partition keeps failing on
+	// (catalog_promotion_partition_stuck_seconds).
+	Stuck *middleware.Stuck
 	// lag feeds Lag; its middleware goes outermost in the consumer chain.
 	lag *middleware.Lag
 }
@@ -68,6 +71,8 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 			"Consumer-group sessions on the purchase topic this process started: one at its first join, one per rebalance."),
 		ReadAheadBytes: r.gauge("catalog_promotion_read_ahead_bytes",
 			"Bytes of records fetched and not yet handled, counted as the read-ahead budget counts them (key, value, headers and 1 KiB each)."),
+		Stuck: middleware.NewStuck(0),
 	}
+	r.register(newStuckCollector(m.Stuck), "catalog_promotion_partition_stuck_seconds")
 	return m, r.err
 }
