@@ -3,6 +3,7 @@ package boost
 import (
 	"context"
 	"hash/fnv"
+	"slices"
 	"strconv"
 
 	"github.com/lib/pq"
@@ -12,23 +13,28 @@ import (
 
 // Locking: one advisory lock per purchase, and at most lockStripes advisory
 // locks per target kind, however many targets an event names or objects a
-// project has. A target takes the lock of its stripe (a hash of its id), so
-// an event of 12,000 targets takes at most 1 + 2 × lockStripes locks, not
-// 12,001: per-target locks once filled PostgreSQL's shared lock table
-// (max_locks_per_transaction × max_connections entries, 53200 out of shared
-// memory for every session of the server) when two such events ran at once.
-// Row locks on cards (FOR NO KEY UPDATE) live in the rows, not in that table.
-// Two targets of one stripe share a lock: events take it shared and never
-// wait for each other there, and a card upsert, exclusive, waits for the
-// events in flight on any target of its stripe, which is more than it needs
-// and never less.
+// project has. Per-target locks once filled PostgreSQL's shared lock table
+// (max_locks_per_transaction × (max_connections + 22) entries; 53200 out of
+// shared memory for every session of the server) when two events of 12,000
+// targets ran at once. Row locks on cards (FOR NO KEY UPDATE) live in the
+// rows, not in that table.
+//
+// Targets of one kind take their own locks while they are no more than
+// lockStripes, and the locks of their stripes (a hash of the id) when they
+// are more. A writer that takes its targets exclusive (a card upsert, a
+// repair) takes both, each target's own lock and its stripe's, so it
+// excludes an event on its target whichever locks the event took. Events
+// take theirs shared and never wait for each other there. An exclusive
+// writer waits for wide events in flight on any target of its stripe:
+// more than it needs, never less.
 //
 // Lock order, the same in every transaction that writes a boost:
 //
 //  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
 //     order), when the transaction is the consumer's unit of work;
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
-//     the purchases (exclusive), then projects, then property objects;
+//     the purchases (exclusive), then projects, then property objects
+//     (a target's own lock and a stripe's share the group of their kind);
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
 //     project_cards and property_object_cards (ROW SHARE, taken as the
 //     statement starts), then project cards sorted by id, then
@@ -89,11 +95,11 @@ const (
 	objectLock   = "catalog:card:PropertyObject:"
 )
 
-// lockStripes is how many advisory locks the Project targets share, and as
-// many the PropertyObject targets. 16 keeps a transaction of wide events at
-// 33 advisory locks, within PostgreSQL's default max_locks_per_transaction
-// (64) with room for its relation locks, and makes an upsert wait for an
-// unrelated event only when both touch one of 16 stripes.
+// lockStripes is how many stripes the Project targets share, and as many
+// the PropertyObject targets. 16 keeps a transaction of wide events at 33
+// advisory locks, within PostgreSQL's default max_locks_per_transaction (64)
+// with room for its relation locks, and makes an upsert wait for an
+// unrelated wide event only when both touch one of 16 stripes.
 const lockStripes = 16
 
 // Lock groups, taken in this order.
@@ -127,16 +133,30 @@ const lockCardsSQL = `WITH p AS (
 SELECT count(*) FROM o`
 
 // Locks is how many advisory locks ApplyBatch takes for ev, counted against
-// the lock bound of the consumer's group commit: its purchase and the stripe
-// of each distinct Project and PropertyObject target (at most lockStripes of
-// each kind), none for an event of Post targets only. Its cascade to a
-// project's objects takes no advisory lock.
+// the lock bound of the consumer's group commit: its purchase and, per kind,
+// each distinct Project and PropertyObject target or, past lockStripes of a
+// kind, their stripes; none for an event of Post targets only. Its cascade
+// to a project's objects takes no advisory lock.
 func Locks(ev event.PurchaseChanged) int {
 	projects, objects := splitTargets(ev.Targets)
 	if len(projects)+len(objects) == 0 {
 		return 0
 	}
-	return 1 + len(stripes(projects)) + len(stripes(objects))
+	return 1 + len(targetLocks(projects, true)) + len(targetLocks(objects, true))
+}
+
+// targetLocks names the locks of distinct targets of one kind: their own
+// while they are no more than lockStripes, else their stripes; and, for an
+// exclusive writer, both.
+func targetLocks(ids []string, shared bool) []string {
+	switch {
+	case !shared:
+		return append(slices.Clip(ids), stripes(ids)...)
+	case len(ids) <= lockStripes:
+		return ids
+	default:
+		return stripes(ids)
+	}
 }
 
 // stripes maps target ids to their distinct stripes, in order of first use.
@@ -156,8 +176,8 @@ func stripes(ids []string) []string {
 }
 
 // locks names the advisory locks one transaction takes (ids in
-// uuid.UUID.String form, as PostgreSQL prints them); lock takes the stripe
-// of each target.
+// uuid.UUID.String form, as PostgreSQL prints them); targetLocks decides
+// which locks its targets take.
 type locks struct {
 	// Purchases are locked exclusive.
 	Purchases []string
@@ -170,7 +190,7 @@ type locks struct {
 
 // lock takes l in the global lock order.
 func lock(ctx context.Context, q querier, l locks) error {
-	projects, objects := stripes(l.Projects), stripes(l.Objects)
+	projects, objects := targetLocks(l.Projects, l.Shared), targetLocks(l.Objects, l.Shared)
 	n := len(l.Purchases) + len(projects) + len(objects)
 	groups, names := make([]int64, 0, n), make([]string, 0, n)
 	add := func(group int64, prefix string, ids ...string) {
