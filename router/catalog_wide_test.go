@@ -32,9 +32,6 @@ func TestCatalog_WideEventsAtOnceAllApply(t *testing.T) {
 		"max_connections": "100", "max_locks_per_transaction": "64"}}) // PostgreSQL's defaults
 	b := catalogtest.NewOn(t, server.URL("sslmode=disable"), true)
 	b.Cfg.Workers = 3
-	// Text statements: the generic plan of the prepared apply statement is
-	// slower by far for events this wide, and this test is about locks.
-	b.Cfg.DisablePreparedStatements = true
 
 	var targets []event.Target
 	projectIDs, objectIDs, homes := make([]uuid.UUID, projects), make([]uuid.UUID, objects), make([]uuid.UUID, objects)
@@ -96,7 +93,7 @@ func TestCatalog_WideEventsAtOnceAllApply(t *testing.T) {
 		return n
 	}
 	require.Eventually(t, func() bool { return applied() == projects+objects || testutil.ToFloat64(b.Metrics.DLQ) > 0 },
-		60*time.Second, 50*time.Millisecond)
+		60*time.Second, 50*time.Millisecond, "the three events did not all apply within 60s")
 	cancel()
 	<-sampled
 	require.Zero(t, testutil.ToFloat64(b.Metrics.DLQ), "a valid wide event was dead-lettered")
