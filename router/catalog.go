@@ -52,6 +52,13 @@ type CatalogConfig struct {
 	// RetryInitial and RetryMax bound the infrastructure backoff. Default 1s
 	// and 60s (middleware.RetryInitialIntervalDefault, RetryMaxIntervalDefault).
 	RetryInitial, RetryMax time.Duration
+	// RetryUnnamedAttempts and RetryUnnamedAfter bound an error of no class
+	// that fails one record while others succeed, before it is dead-lettered
+	// as stuck_record. Default 10 and 5m (middleware.RetryUnnamedAttemptsDefault,
+	// RetryUnnamedAfterDefault).
+	RetryUnnamedAttempts int
+	// RetryUnnamedAfter: see RetryUnnamedAttempts.
+	RetryUnnamedAfter time.Duration
 	// DedupRetention is how long dedup keys are kept. Defaults to 7 days.
 	DedupRetention time.Duration
 	// JanitorInterval is the time between dedup key cleanups. Defaults to 1h.
@@ -91,6 +98,9 @@ func (c CatalogConfig) Validate() error {
 	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
 		errs = append(errs, errors.New("retry intervals must be positive with max >= initial"))
 	}
+	if c.RetryUnnamedAttempts < 1 || c.RetryUnnamedAfter < 0 {
+		errs = append(errs, errors.New("retry of unnamed errors: attempts must be >= 1 and the time >= 0"))
+	}
 	if c.MaxBatch < 1 || c.Workers < 1 || c.MaxLocks < 1 {
 		errs = append(errs, errors.New("consumer max batch, workers and max locks must be positive"))
 	}
@@ -113,6 +123,8 @@ func (c *CatalogConfig) setDefaults() {
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
 	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
 	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
+	c.RetryUnnamedAttempts = cmp.Or(c.RetryUnnamedAttempts, middleware.RetryUnnamedAttemptsDefault)
+	c.RetryUnnamedAfter = cmp.Or(c.RetryUnnamedAfter, middleware.RetryUnnamedAfterDefault)
 	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
 	c.JanitorInterval = cmp.Or(c.JanitorInterval, DedupJanitorIntervalDefault)
 	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
@@ -225,6 +237,7 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	retry, err := middleware.Retry(middleware.RetryConfig{
 		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
 		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
+		UnnamedAttempts: cfg.RetryUnnamedAttempts, UnnamedAfter: cfg.RetryUnnamedAfter,
 		OnRetry: func(msg *message.Message, _ string, _ int, _ time.Duration, err error) {
 			m.Retries.Inc()
 			m.Stuck.Failed(db, msg, err)

@@ -18,9 +18,9 @@ import (
 )
 
 // ErrConflict is a transient clash with concurrent writers: a serialization
-// failure, a deadlock, a lock timeout or a full lock table. The caller rolls
-// back, re-reads and retries (seed: 3 immediate retries, then the DLQ, from
-// which a replay is safe).
+// failure, a deadlock or a lock timeout. The caller rolls back, re-reads and
+// retries (seed: 3 immediate retries; the consumer's retry classes decide
+// what follows, see package middleware).
 var ErrConflict = errors.New("concurrent update conflict")
 
 // Outcome is what applying one event did.
@@ -272,13 +272,15 @@ const upsertContributionSQL = `ON CONFLICT (purchase_id, target_kind, target_id)
 
 // wrap adds context to a database error and classifies as ErrConflict the
 // errors that a rollback and an immediate retry can clear: serialization
-// failures, deadlocks, a lock timeout (55P03, lock_not_available) and a full
-// shared lock table (53200, out of shared memory).
+// failures, deadlocks and a lock timeout (55P03, lock_not_available). A full
+// shared lock table (53200, out of shared memory) is not a clash of writers
+// but a resource of the server: it stays a plain error, which the consumer
+// retries with backoff and never dead-letters.
 func wrap(op string, err error) error {
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
 		switch pqErr.Code {
-		case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable, pqerror.OutOfMemory:
+		case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable:
 			return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
 		}
 	}

@@ -2,22 +2,39 @@ package boost
 
 import (
 	"context"
+	"hash/fnv"
+	"slices"
+	"strconv"
 
 	"github.com/lib/pq"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
 
-// Locking: at most one advisory lock per purchase and per target, however
-// many objects a project has (a project of 40,000 published objects once took
-// 40,000 locks and overflowed PostgreSQL's shared lock table: 53200).
+// Locking: one advisory lock per purchase, and at most lockStripes advisory
+// locks per target kind, however many targets an event names or objects a
+// project has. Per-target locks once filled PostgreSQL's shared lock table
+// (max_locks_per_transaction × (max_connections + 22) entries; 53200 out of
+// shared memory for every session of the server) when two events of 12,000
+// targets ran at once. Row locks on cards (FOR NO KEY UPDATE) live in the
+// rows, not in that table.
+//
+// Targets of one kind take their own locks while they are no more than
+// lockStripes, and the locks of their stripes (a hash of the id) when they
+// are more. A writer that takes its targets exclusive (a card upsert, a
+// repair) takes both, each target's own lock and its stripe's, so it
+// excludes an event on its target whichever locks the event took. Events
+// take theirs shared and never wait for each other there. An exclusive
+// writer waits for wide events in flight on any target of its stripe:
+// more than it needs, never less.
 //
 // Lock order, the same in every transaction that writes a boost:
 //
 //  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
 //     order), when the transaction is the consumer's unit of work;
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
-//     the purchases (exclusive), then projects, then property objects;
+//     the purchases (exclusive), then projects, then property objects
+//     (a target's own lock and a stripe's share the group of their kind);
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
 //     project_cards and property_object_cards (ROW SHARE, taken as the
 //     statement starts), then project cards sorted by id, then
@@ -78,6 +95,13 @@ const (
 	objectLock   = "catalog:card:PropertyObject:"
 )
 
+// lockStripes is how many stripes the Project targets share, and as many
+// the PropertyObject targets. 16 keeps a transaction of wide events at 33
+// advisory locks, within PostgreSQL's default max_locks_per_transaction (64)
+// with room for its relation locks, and makes an upsert wait for an
+// unrelated wide event only when both touch one of 16 stripes.
+const lockStripes = 16
+
 // Lock groups, taken in this order.
 const (
 	groupPurchase = iota
@@ -109,19 +133,51 @@ const lockCardsSQL = `WITH p AS (
 SELECT count(*) FROM o`
 
 // Locks is how many advisory locks ApplyBatch takes for ev, counted against
-// the lock bound of the consumer's group commit: its purchase and each
-// distinct Project and PropertyObject target, none for an event of Post
-// targets only. Its cascade to a project's objects takes no advisory lock.
+// the lock bound of the consumer's group commit: its purchase and, per kind,
+// each distinct Project and PropertyObject target or, past lockStripes of a
+// kind, their stripes; none for an event of Post targets only. Its cascade
+// to a project's objects takes no advisory lock.
 func Locks(ev event.PurchaseChanged) int {
 	projects, objects := splitTargets(ev.Targets)
-	if n := len(projects) + len(objects); n > 0 {
-		return 1 + n
+	if len(projects)+len(objects) == 0 {
+		return 0
 	}
-	return 0
+	return 1 + len(targetLocks(projects, true)) + len(targetLocks(objects, true))
+}
+
+// targetLocks names the locks of distinct targets of one kind: their own
+// while they are no more than lockStripes, else their stripes; and, for an
+// exclusive writer, both.
+func targetLocks(ids []string, shared bool) []string {
+	switch {
+	case !shared:
+		return append(slices.Clip(ids), stripes(ids)...)
+	case len(ids) <= lockStripes:
+		return ids
+	default:
+		return stripes(ids)
+	}
+}
+
+// stripes maps target ids to their distinct stripes, in order of first use.
+func stripes(ids []string) []string {
+	seen := make(map[uint64]bool, min(len(ids), lockStripes))
+	var out []string
+	for _, id := range ids {
+		h := fnv.New64a()
+		h.Write([]byte(id)) //nolint:errcheck // a hash never fails
+		n := h.Sum64() % lockStripes
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, "stripe:"+strconv.FormatUint(n, 10))
+		}
+	}
+	return out
 }
 
 // locks names the advisory locks one transaction takes (ids in
-// uuid.UUID.String form, as PostgreSQL prints them).
+// uuid.UUID.String form, as PostgreSQL prints them); targetLocks decides
+// which locks its targets take.
 type locks struct {
 	// Purchases are locked exclusive.
 	Purchases []string
@@ -134,7 +190,8 @@ type locks struct {
 
 // lock takes l in the global lock order.
 func lock(ctx context.Context, q querier, l locks) error {
-	n := len(l.Purchases) + len(l.Projects) + len(l.Objects)
+	projects, objects := targetLocks(l.Projects, l.Shared), targetLocks(l.Objects, l.Shared)
+	n := len(l.Purchases) + len(projects) + len(objects)
 	groups, names := make([]int64, 0, n), make([]string, 0, n)
 	add := func(group int64, prefix string, ids ...string) {
 		for _, id := range ids {
@@ -142,8 +199,8 @@ func lock(ctx context.Context, q querier, l locks) error {
 		}
 	}
 	add(groupPurchase, purchaseLock, l.Purchases...)
-	add(groupProject, projectLock, l.Projects...)
-	add(groupObject, objectLock, l.Objects...)
+	add(groupProject, projectLock, projects...)
+	add(groupObject, objectLock, objects...)
 	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared); err != nil {
 		return wrap("take advisory locks", err)
 	}
