@@ -42,6 +42,7 @@ const (
 	outcomeStale     = "stale"
 	outcomeDuplicate = "duplicate"
 	outcomePostOnly  = "post_only"
+	outcomeTombstone = "tombstone"
 )
 
 // NewCatalogMetrics registers the series on reg.
@@ -63,8 +64,8 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 		Retries:          r.counter("catalog_promotion_retries_total", "Retries of an event after an infrastructure error or a conflict."),
 		DLQ:              r.counter("catalog_promotion_dlq_total", "Events sent to pin.catalog.promotion-boost-dlq.v1."),
 		ContractMismatch: r.counter("catalog_promotion_contract_mismatch_total", "Events with an unexpected contract version (processed anyway)."),
-		Consumed: r.counterVec("catalog_promotion_consumed_total", "Events consumed, by outcome (applied, stale, duplicate, post_only).",
-			"outcome", outcomeApplied, outcomeStale, outcomeDuplicate, outcomePostOnly),
+		Consumed: r.counterVec("catalog_promotion_consumed_total", "Events consumed, by outcome (applied, stale, duplicate, post_only, tombstone).",
+			"outcome", outcomeApplied, outcomeStale, outcomeDuplicate, outcomePostOnly, outcomeTombstone),
 		DedupCleaned: r.counter("catalog_promotion_dedup_keys_cleaned_total", "Dedup keys deleted after their retention."),
 		DriftCards:   r.gauge("catalog_promotion_drift_cards", "Cards whose PromotionBoost differs from the replica's sum at the last audit."),
 		GroupSessions: r.counter("catalog_promotion_group_sessions_total",
