@@ -16,8 +16,12 @@ import (
 //
 //  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
 //     order), when the transaction is the consumer's unit of work;
-//  1. advisory locks, in one statement, sorted by (group, 64-bit key):
-//     the purchases (exclusive), then projects, then property objects;
+//  1. advisory locks, sorted by (group, 64-bit key): the purchases
+//     (exclusive), then projects, then property objects. ApplyBatch takes
+//     them in two statements, the purchases first, then the targets
+//     (lockTargetsSQL), so that the targets include those a purchase's
+//     stored contributions name and its new version drops, read under the
+//     purchase's lock;
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
 //     project_cards and property_object_cards (ROW SHARE, taken as the
 //     statement starts), then project cards sorted by id, then
@@ -51,9 +55,11 @@ import (
 //   - ApplyBatch: every purchase of the batch exclusive, so that the events
 //     of one purchase run one at a time and the contribution rows its
 //     statement reads as "old" are the ones it replaces; each Project and
-//     PropertyObject target shared. Events of different purchases add deltas, which commute: they
-//     share the target locks and queue only on the rows of the cards they
-//     both change (x = x + d under a row lock).
+//     PropertyObject target shared, the new version's and the stored
+//     contributions' alike: a target the new version drops loses its
+//     weight, so it is written as any other. Events of different purchases
+//     add deltas, which commute: they share the target locks and queue only
+//     on the rows of the cards they both change (x = x + d under a row lock).
 //   - UpsertProjectCardTx: its project exclusive. UpsertPropertyObjectCardTx:
 //     its (new) project, then itself, exclusive. A card upsert computes the
 //     boost from sums, so it must not overlap an event on the same target:
@@ -85,15 +91,38 @@ const (
 	groupObject
 )
 
-// lockSQL takes transaction-scoped advisory locks sorted by group and key:
-// the purchase group always exclusive, the targets shared when $3 is true.
-// ORDER BY applies before the volatile lock functions are evaluated
+// lockSQL takes exclusive transaction-scoped advisory locks sorted by group
+// and key. ORDER BY applies before the volatile lock functions are evaluated
 // (PostgreSQL >= 9.6 postpones volatile output expressions past the sort).
 // A key listed twice is simply taken twice: advisory locks are re-entrant.
-const lockSQL = `SELECT CASE WHEN g <> 0 AND $3::boolean THEN pg_advisory_xact_lock_shared(k)
-		ELSE pg_advisory_xact_lock(k) END
+const lockSQL = `SELECT pg_advisory_xact_lock(k)
 	FROM (SELECT g, hashtextextended(name, 0) AS k FROM unnest($1::integer[], $2::text[]) AS u(g, name)) keys
 	ORDER BY g, k`
+
+// lockTargetsSQL takes the shared advisory locks of the targets of purchases
+// $1, whose exclusive locks the transaction holds: the new versions' projects
+// $2 and property objects $3, and every target their stored contributions
+// name, sorted by group and key as lockSQL sorts them. It returns the stored
+// targets that $2 and $3 do not name (the ones a new version drops), as
+// projects and objects. It runs after the purchase locks are granted, so it
+// reads the contributions as the last writer of each purchase left them.
+const lockTargetsSQL = `SELECT coalesce(array_agg(id) FILTER (WHERE dropped AND g = 1), '{}') AS projects,
+		coalesce(array_agg(id) FILTER (WHERE dropped AND g = 2), '{}') AS objects
+	FROM (
+		SELECT g, id, dropped, pg_advisory_xact_lock_shared(k) FROM (
+			SELECT g, id, dropped, hashtextextended(CASE g WHEN 1 THEN '` + projectLock + `' ELSE '` + objectLock + `' END
+				|| id, 0) AS k
+			FROM (
+				SELECT 1 AS g, id, false AS dropped FROM unnest($2::text[]) AS id
+				UNION ALL SELECT 2, id, false FROM unnest($3::text[]) AS id
+				UNION ALL SELECT CASE c.target_kind WHEN 'Project' THEN 1 ELSE 2 END, c.target_id::text, true
+				FROM catalog.promotion_contributions c
+				WHERE c.purchase_id = ANY($1::uuid[])
+					AND c.target_id::text <> ALL(CASE c.target_kind WHEN 'Project' THEN $2::text[] ELSE $3::text[] END)
+			) named
+		) keyed
+		ORDER BY g, k
+	) locked`
 
 // lockCardsSQL locks the card rows that events on projects $1 and property
 // objects $2 can write: the project cards, then the objects that are a
@@ -120,16 +149,30 @@ func Locks(ev event.PurchaseChanged) int {
 	return 0
 }
 
+// lockTargets takes the target locks of an ApplyBatch whose purchases are
+// locked (lockTargetsSQL) and adds the dropped targets to l's, so that the
+// card rows of their cascade are locked too.
+func lockTargets(ctx context.Context, q querier, l *locks) error {
+	var dropped struct {
+		Projects pq.StringArray `db:"projects"`
+		Objects  pq.StringArray `db:"objects"`
+	}
+	if err := q.get(ctx, &dropped, lockTargetsSQL, pq.Array(l.Purchases), pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {
+		return wrap("take target locks", err)
+	}
+	l.Projects, l.Objects = append(l.Projects, dropped.Projects...), append(l.Objects, dropped.Objects...)
+	return nil
+}
+
 // locks names the advisory locks one transaction takes (ids in
-// uuid.UUID.String form, as PostgreSQL prints them).
+// uuid.UUID.String form, as PostgreSQL prints them, which lockTargetsSQL
+// compares with the stored ids).
 type locks struct {
 	// Purchases are locked exclusive.
 	Purchases []string
-	// Projects and Objects are the targets' locks.
+	// Projects and Objects are the targets' locks: exclusive for card
+	// upserts and repairs; an event takes them shared (lockTargetsSQL).
 	Projects, Objects []string
-	// Shared takes the target locks shared (events) instead of exclusive
-	// (card upserts).
-	Shared bool
 }
 
 // lock takes l in the global lock order.
@@ -144,7 +187,7 @@ func lock(ctx context.Context, q querier, l locks) error {
 	add(groupPurchase, purchaseLock, l.Purchases...)
 	add(groupProject, projectLock, l.Projects...)
 	add(groupObject, objectLock, l.Objects...)
-	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared); err != nil {
+	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names)); err != nil {
 		return wrap("take advisory locks", err)
 	}
 	return nil
