@@ -51,12 +51,7 @@ func TestCatalog_DroppedTargetLosesItsBoost(t *testing.T) {
 	require.Equal(t, 1, rows, "the replica holds the latest version's targets only")
 
 	live := b.CardBoosts(t)
-	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic, Log: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	t.Cleanup(rb.Stop)
-	st, err := rb.Run(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, rebuild.StateDone, st.State)
+	runRebuild(t, b)
 	require.Equal(t, live, b.CardBoosts(t), "a rebuild of the same topic gives the live cards")
 
 	a, err := audit.New(audit.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic, ConsumerGroup: b.Cfg.ConsumerGroup,
@@ -82,4 +77,16 @@ func TestCatalog_DroppedTargetLosesItsBoost(t *testing.T) {
 	cards, err = a.Cards(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1, cards.Drifted, "the object's boost lacks the tampered contribution: %v", cards.Samples)
+}
+
+// runRebuild rebuilds b's projection from its topic, to the end.
+func runRebuild(t *testing.T, b *catalogtest.Bundle) rebuild.Status {
+	t.Helper()
+	rb, err := rebuild.New(rebuild.Config{DB: b.DB, Kafka: b.Cfg.Kafka, Topic: b.Cfg.Topic, Log: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(rb.Stop)
+	st, err := rb.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, rebuild.StateDone, st.State)
+	return st
 }
