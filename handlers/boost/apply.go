@@ -56,10 +56,10 @@ func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome,
 // contribution whose state changes adds new − old (weight while active, else
 // 0) to the cards it addresses. An event is the purchase's full state: a
 // stored contribution on a target it no longer names is deleted, and its
-// weight taken off the cards it addressed. The deltas of the whole batch are summed per
-// card and written by one statement, after one statement of advisory locks
-// and one of card-row locks (lock.go), whatever the number of events,
-// contributions or cards. A card that does not exist yet is
+// weight taken off the cards it addressed. The deltas of the whole batch are
+// summed per card and written by one statement, after the advisory locks
+// (lockEvents: a savepoint and two statements) and one statement of card-row
+// locks (lock.go), whatever the number of events, contributions or cards. A card that does not exist yet is
 // not an error; its contribution is kept and the card's upsert sums it.
 //
 // Two events of one purchase must not share a batch: each is guarded against
@@ -87,10 +87,8 @@ func applyBatch(ctx context.Context, q querier, evs []event.PurchaseChanged) ([]
 		return outs, nil
 	}
 	// Before any read; see lock.go for the order and the races it closes.
-	if err := lock(ctx, q, locks{Purchases: l.Purchases}); err != nil {
-		return nil, err
-	}
-	if err := lockTargets(ctx, q, &l); err != nil {
+	l.Shared = true
+	if err := lockEvents(ctx, q, &l); err != nil {
 		return nil, err
 	}
 	if err := q.exec(ctx, lockCardsSQL, pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {

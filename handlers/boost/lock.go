@@ -16,12 +16,11 @@ import (
 //
 //  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
 //     order), when the transaction is the consumer's unit of work;
-//  1. advisory locks, sorted by (group, 64-bit key): the purchases
-//     (exclusive), then projects, then property objects. ApplyBatch takes
-//     them in two statements, the purchases first, then the targets
-//     (lockTargetsSQL), so that the targets include those a purchase's
-//     stored contributions name and its new version drops, read under the
-//     purchase's lock;
+//  1. advisory locks, in one statement, sorted by (group, 64-bit key):
+//     the purchases (exclusive), then projects, then property objects;
+//     ApplyBatch then tries (never waits for) the locks of the targets that
+//     its purchases' stored contributions name and their new versions drop,
+//     which it can read only under the purchase locks (lockEvents);
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
 //     project_cards and property_object_cards (ROW SHARE, taken as the
 //     statement starts), then project cards sorted by id, then
@@ -91,38 +90,48 @@ const (
 	groupObject
 )
 
-// lockSQL takes exclusive transaction-scoped advisory locks sorted by group
-// and key. ORDER BY applies before the volatile lock functions are evaluated
+// lockSQL takes transaction-scoped advisory locks sorted by group and key:
+// the purchase group always exclusive, the targets shared when $3 is true.
+// ORDER BY applies before the volatile lock functions are evaluated
 // (PostgreSQL >= 9.6 postpones volatile output expressions past the sort).
 // A key listed twice is simply taken twice: advisory locks are re-entrant.
-const lockSQL = `SELECT pg_advisory_xact_lock(k)
+const lockSQL = `SELECT CASE WHEN g <> 0 AND $3::boolean THEN pg_advisory_xact_lock_shared(k)
+		ELSE pg_advisory_xact_lock(k) END
 	FROM (SELECT g, hashtextextended(name, 0) AS k FROM unnest($1::integer[], $2::text[]) AS u(g, name)) keys
 	ORDER BY g, k`
 
-// lockTargetsSQL takes the shared advisory locks of the targets of purchases
-// $1, whose exclusive locks the transaction holds: the new versions' projects
-// $2 and property objects $3, and every target their stored contributions
-// name, sorted by group and key as lockSQL sorts them. It returns the stored
-// targets that $2 and $3 do not name (the ones a new version drops), as
-// projects and objects. It runs after the purchase locks are granted, so it
-// reads the contributions as the last writer of each purchase left them.
-const lockTargetsSQL = `SELECT coalesce(array_agg(id) FILTER (WHERE dropped AND g = 1), '{}') AS projects,
-		coalesce(array_agg(id) FILTER (WHERE dropped AND g = 2), '{}') AS objects
-	FROM (
-		SELECT g, id, dropped, pg_advisory_xact_lock_shared(k) FROM (
-			SELECT g, id, dropped, hashtextextended(CASE g WHEN 1 THEN '` + projectLock + `' ELSE '` + objectLock + `' END
-				|| id, 0) AS k
-			FROM (
-				SELECT 1 AS g, id, false AS dropped FROM unnest($2::text[]) AS id
-				UNION ALL SELECT 2, id, false FROM unnest($3::text[]) AS id
-				UNION ALL SELECT CASE c.target_kind WHEN 'Project' THEN 1 ELSE 2 END, c.target_id::text, true
-				FROM catalog.promotion_contributions c
-				WHERE c.purchase_id = ANY($1::uuid[])
-					AND c.target_id::text <> ALL(CASE c.target_kind WHEN 'Project' THEN $2::text[] ELSE $3::text[] END)
-			) named
-		) keyed
-		ORDER BY g, k
-	) locked`
+// lockDroppedSQL finds the targets that the stored contributions of
+// purchases $1 name and that the transaction has not locked ($2 projects, $3
+// property objects: the new versions' targets), the ones a new version
+// drops, and tries to take their shared locks, sorted as lockSQL sorts. It
+// returns them as projects and objects, and whether every lock was granted.
+// It runs under the purchases' locks, so it reads the contributions as the
+// last writer of each purchase left them. The card tables come first (ROW
+// SHARE, taken as the statement starts, before the replica's ACCESS SHARE),
+// as in lockCardsSQL: a switch that holds them waits for no lock of ours on
+// the replica. It never waits for an advisory lock: it holds table locks
+// that a switch queued behind a card upsert could be waiting for.
+const lockDroppedSQL = `WITH cards AS (
+	SELECT FROM catalog.project_cards, catalog.property_object_cards WHERE false FOR NO KEY UPDATE
+), stored AS (
+	SELECT CASE c.target_kind WHEN 'Project' THEN 1 ELSE 2 END AS g, c.target_id::text AS id
+	FROM catalog.promotion_contributions c
+	WHERE (SELECT count(*) FROM cards) >= 0 AND c.purchase_id = ANY($1::uuid[])
+		AND c.target_id::text <> ALL(CASE c.target_kind WHEN 'Project' THEN $2::text[] ELSE $3::text[] END)
+), tried AS (
+	SELECT g, id, pg_try_advisory_xact_lock_shared(k) AS granted FROM (
+		SELECT g, id, hashtextextended(CASE g WHEN 1 THEN '` + projectLock + `' ELSE '` + objectLock + `' END || id, 0) AS k
+		FROM stored
+	) keyed
+	ORDER BY g, k
+)
+SELECT coalesce(array_agg(id) FILTER (WHERE g = 1), '{}') AS projects,
+	coalesce(array_agg(id) FILTER (WHERE g = 2), '{}') AS objects, coalesce(bool_and(granted), true) AS granted
+FROM tried`
+
+// droppedSavepoint is where lockEvents goes back to when a card upsert holds
+// a dropped target.
+const droppedSavepoint = `boost_targets`
 
 // lockCardsSQL locks the card rows that events on projects $1 and property
 // objects $2 can write: the project cards, then the objects that are a
@@ -149,30 +158,53 @@ func Locks(ev event.PurchaseChanged) int {
 	return 0
 }
 
-// lockTargets takes the target locks of an ApplyBatch whose purchases are
-// locked (lockTargetsSQL) and adds the dropped targets to l's, so that the
-// card rows of their cascade are locked too.
-func lockTargets(ctx context.Context, q querier, l *locks) error {
-	var dropped struct {
-		Projects pq.StringArray `db:"projects"`
-		Objects  pq.StringArray `db:"objects"`
+// lockEvents takes the advisory locks of an ApplyBatch in the global order:
+// its purchases exclusive and its new targets shared (lockSQL), then the
+// shared locks of the targets the purchases' stored contributions name and
+// the new versions drop (lockDroppedSQL), adding those to l so that the card
+// rows of their cascade are locked too. The stored targets are known only
+// once the purchase locks are held, so their locks come last; they are only
+// tried, because the statement holds table locks. When a card upsert holds
+// one, everything since the savepoint is let go, and the locks are taken
+// again, the dropped targets among them, all in order: waiting only for
+// advisory locks while holding advisory locks that come before.
+func lockEvents(ctx context.Context, q querier, l *locks) error {
+	if err := q.exec(ctx, `SAVEPOINT `+droppedSavepoint); err != nil {
+		return wrap("savepoint before locks", err)
 	}
-	if err := q.get(ctx, &dropped, lockTargetsSQL, pq.Array(l.Purchases), pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {
-		return wrap("take target locks", err)
+	for {
+		if err := lock(ctx, q, *l); err != nil {
+			return err
+		}
+		var dropped struct {
+			Projects pq.StringArray `db:"projects"`
+			Objects  pq.StringArray `db:"objects"`
+			Granted  bool           `db:"granted"`
+		}
+		if err := q.get(ctx, &dropped, lockDroppedSQL, pq.Array(l.Purchases), pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {
+			return wrap("lock dropped targets", err)
+		}
+		l.Projects, l.Objects = append(l.Projects, dropped.Projects...), append(l.Objects, dropped.Objects...)
+		if dropped.Granted {
+			return nil
+		}
+		if err := q.exec(ctx, `ROLLBACK TO SAVEPOINT `+droppedSavepoint); err != nil {
+			return wrap("let go of locks", err)
+		}
 	}
-	l.Projects, l.Objects = append(l.Projects, dropped.Projects...), append(l.Objects, dropped.Objects...)
-	return nil
 }
 
 // locks names the advisory locks one transaction takes (ids in
-// uuid.UUID.String form, as PostgreSQL prints them, which lockTargetsSQL
+// uuid.UUID.String form, as PostgreSQL prints them, which lockDroppedSQL
 // compares with the stored ids).
 type locks struct {
 	// Purchases are locked exclusive.
 	Purchases []string
-	// Projects and Objects are the targets' locks: exclusive for card
-	// upserts and repairs; an event takes them shared (lockTargetsSQL).
+	// Projects and Objects are the targets' locks.
 	Projects, Objects []string
+	// Shared takes the target locks shared (events) instead of exclusive
+	// (card upserts).
+	Shared bool
 }
 
 // lock takes l in the global lock order.
@@ -187,7 +219,7 @@ func lock(ctx context.Context, q querier, l locks) error {
 	add(groupPurchase, purchaseLock, l.Purchases...)
 	add(groupProject, projectLock, l.Projects...)
 	add(groupObject, objectLock, l.Objects...)
-	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names)); err != nil {
+	if err := q.exec(ctx, lockSQL, pq.Array(groups), pq.Array(names), l.Shared); err != nil {
 		return wrap("take advisory locks", err)
 	}
 	return nil

@@ -23,7 +23,7 @@ type Prepared struct {
 // Prepare prepares ApplyBatch's statements on db. Close releases them.
 func Prepare(ctx context.Context, db *sqlx.DB) (*Prepared, error) {
 	p := &Prepared{stmts: map[string]*sqlx.Stmt{}}
-	for _, query := range []string{lockSQL, lockTargetsSQL, lockCardsSQL, applySQL} {
+	for _, query := range []string{lockSQL, lockDroppedSQL, lockCardsSQL, applySQL} {
 		stmt, err := db.PreparexContext(ctx, query)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("prepare boost statements: %w", err), p.Close())
