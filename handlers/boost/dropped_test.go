@@ -44,3 +44,30 @@ func TestApply_CardUpsertRacingADroppedProjectLeavesNoBoost(t *testing.T) {
 		})
 	}
 }
+
+// TestBuild_CatchUpDropsTheTargetsANewerVersionNoLongerNames: a rebuild's
+// catch-up folds a newer version into the new replica as the consumer
+// applies it: the targets it no longer names lose their contributions and
+// their sums, and the switch gives the cards the boosts the live consumer
+// gives them.
+func TestBuild_CatchUpDropsTheTargetsANewerVersionNoLongerNames(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	kept, dropped := b.newProject(t), b.newProject(t)
+	object := b.newObject(t, dropped, true)
+	v1 := changed(uuid.New(), event.StatusActive, 10, 1, onProject(kept), onProject(dropped))
+	v2 := changed(v1.PurchaseId, event.StatusActive, 10, 2, onProject(kept))
+	b.apply(t, v1)
+	b.apply(t, v2)
+	live := b.boosts(t)
+
+	build := b.built(t, v1)
+	build.stageTail(t, b, v2)
+	require.NoError(t, inTx(ctx, b.db, func(tx *sqlx.Tx) error { return switchTo(build, nil)(ctx, tx) }))
+
+	require.Equal(t, live, b.boosts(t), "the switch gives the cards the live boosts")
+	require.Zero(t, b.objectBoost(t, object), "the dropped project's object")
+	_, ok := b.contribution(t, v1.PurchaseId, onProject(dropped))
+	require.False(t, ok, "the new replica holds no contribution on the dropped target")
+	b.requireNoDrift(t)
+}
