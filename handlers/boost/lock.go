@@ -129,9 +129,9 @@ SELECT coalesce(array_agg(id) FILTER (WHERE g = 1), '{}') AS projects,
 	coalesce(array_agg(id) FILTER (WHERE g = 2), '{}') AS objects, coalesce(bool_and(granted), true) AS granted
 FROM tried`
 
-// droppedSavepoint is where lockEvents goes back to when a card upsert holds
-// a dropped target.
-const droppedSavepoint = `boost_targets`
+// lockSavepoint is where lockEvents goes back to when a card upsert holds a
+// dropped target.
+const lockSavepoint = `boost_locks`
 
 // lockCardsSQL locks the card rows that events on projects $1 and property
 // objects $2 can write: the project cards, then the objects that are a
@@ -169,8 +169,10 @@ func Locks(ev event.PurchaseChanged) int {
 // again, the dropped targets among them, all in order: waiting only for
 // advisory locks while holding advisory locks that come before.
 func lockEvents(ctx context.Context, q querier, l *locks) error {
-	if err := q.exec(ctx, `SAVEPOINT `+droppedSavepoint); err != nil {
-		return wrap("savepoint before locks", err)
+	if !q.savepoint {
+		if err := q.exec(ctx, `SAVEPOINT `+lockSavepoint); err != nil {
+			return wrap("savepoint before locks", err)
+		}
 	}
 	for {
 		if err := lock(ctx, q, *l); err != nil {
@@ -188,7 +190,7 @@ func lockEvents(ctx context.Context, q querier, l *locks) error {
 		if dropped.Granted {
 			return nil
 		}
-		if err := q.exec(ctx, `ROLLBACK TO SAVEPOINT `+droppedSavepoint); err != nil {
+		if err := q.exec(ctx, `ROLLBACK TO SAVEPOINT `+lockSavepoint); err != nil {
 			return wrap("let go of locks", err)
 		}
 	}

@@ -44,10 +44,11 @@ func (p *Prepared) Close() error {
 
 // ApplyBatch is the package's ApplyBatch with the prepared statements, in tx.
 func (p *Prepared) ApplyBatch(ctx context.Context, tx *sqlx.Tx, evs []event.PurchaseChanged) ([]Outcome, error) {
-	if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+	// One round trip for both: the savepoint is lockEvents'.
+	if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_generic_plan; SAVEPOINT `+lockSavepoint); err != nil {
 		return nil, wrap("set plan cache mode", err)
 	}
-	return applyBatch(ctx, querier{tx: tx, stmts: p.stmts}, evs)
+	return applyBatch(ctx, querier{tx: tx, stmts: p.stmts, savepoint: true}, evs)
 }
 
 // Apply is ApplyBatch with a batch of one.
@@ -60,6 +61,8 @@ func (p *Prepared) Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChan
 type querier struct {
 	tx    *sqlx.Tx
 	stmts map[string]*sqlx.Stmt
+	// savepoint is set when lockSavepoint was taken already.
+	savepoint bool
 }
 
 func plain(tx *sqlx.Tx) querier { return querier{tx: tx} }
