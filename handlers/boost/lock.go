@@ -20,7 +20,9 @@ import (
 //     the purchases (exclusive), then projects, then property objects;
 //     ApplyBatch then tries (never waits for) the locks of the targets that
 //     its purchases' stored contributions name and their new versions drop,
-//     which it can read only under the purchase locks (lockEvents);
+//     which it can read only under the purchase locks, in a statement that
+//     takes the card tables (ROW SHARE) before it reads the contribution
+//     table (lockEvents, lockDroppedSQL);
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
 //     project_cards and property_object_cards (ROW SHARE, taken as the
 //     statement starts), then project cards sorted by id, then
