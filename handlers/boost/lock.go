@@ -35,6 +35,11 @@ import (
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
 //     the purchases (exclusive), then projects, then property objects
 //     (a target's own lock and a stripe's share the group of their kind);
+//     ApplyBatch then tries (never waits for) the own locks of the targets
+//     that its purchases' stored contributions name and their new versions
+//     drop, which it can read only under the purchase locks, in a statement
+//     that takes the card tables (ROW SHARE) before it reads the
+//     contribution table (lockEvents, lockDroppedSQL);
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
 //     project_cards and property_object_cards (ROW SHARE, taken as the
 //     statement starts), then project cards sorted by id, then
@@ -68,9 +73,11 @@ import (
 //   - ApplyBatch: every purchase of the batch exclusive, so that the events
 //     of one purchase run one at a time and the contribution rows its
 //     statement reads as "old" are the ones it replaces; each Project and
-//     PropertyObject target shared. Events of different purchases add deltas, which commute: they
-//     share the target locks and queue only on the rows of the cards they
-//     both change (x = x + d under a row lock).
+//     PropertyObject target shared, the new version's and the stored
+//     contributions' alike: a target the new version drops loses its
+//     weight, so it is written as any other. Events of different purchases
+//     add deltas, which commute: they share the target locks and queue only
+//     on the rows of the cards they both change (x = x + d under a row lock).
 //   - UpsertProjectCardTx: its project exclusive. UpsertPropertyObjectCardTx:
 //     its (new) project, then itself, exclusive. A card upsert computes the
 //     boost from sums, so it must not overlap an event on the same target:
@@ -118,6 +125,39 @@ const lockSQL = `SELECT CASE WHEN g <> 0 AND $3::boolean THEN pg_advisory_xact_l
 		ELSE pg_advisory_xact_lock(k) END
 	FROM (SELECT g, hashtextextended(name, 0) AS k FROM unnest($1::integer[], $2::text[]) AS u(g, name)) keys
 	ORDER BY g, k`
+
+// lockDroppedSQL finds the targets that the stored contributions of
+// purchases $1 name and that the transaction has not locked ($2 projects, $3
+// property objects: the new versions' targets), the ones a new version
+// drops, and tries to take their shared locks, sorted as lockSQL sorts. It
+// returns them as projects and objects, and whether every lock was granted.
+// It runs under the purchases' locks, so it reads the contributions as the
+// last writer of each purchase left them. The card tables come first (ROW
+// SHARE, taken as the statement starts, before the replica's ACCESS SHARE),
+// as in lockCardsSQL: a switch that holds them waits for no lock of ours on
+// the replica. It never waits for an advisory lock: it holds table locks
+// that a switch queued behind a card upsert could be waiting for.
+const lockDroppedSQL = `WITH cards AS (
+	SELECT FROM catalog.project_cards, catalog.property_object_cards WHERE false FOR NO KEY UPDATE
+), stored AS (
+	SELECT CASE c.target_kind WHEN 'Project' THEN 1 ELSE 2 END AS g, c.target_id::text AS id
+	FROM catalog.promotion_contributions c
+	WHERE (SELECT count(*) FROM cards) >= 0 AND c.purchase_id = ANY($1::uuid[])
+		AND c.target_id::text <> ALL(CASE c.target_kind WHEN 'Project' THEN $2::text[] ELSE $3::text[] END)
+), tried AS (
+	SELECT g, id, pg_try_advisory_xact_lock_shared(k) AS granted FROM (
+		SELECT g, id, hashtextextended(CASE g WHEN 1 THEN '` + projectLock + `' ELSE '` + objectLock + `' END || id, 0) AS k
+		FROM stored
+	) keyed
+	ORDER BY g, k
+)
+SELECT coalesce(array_agg(id) FILTER (WHERE g = 1), '{}') AS projects,
+	coalesce(array_agg(id) FILTER (WHERE g = 2), '{}') AS objects, coalesce(bool_and(granted), true) AS granted
+FROM tried`
+
+// lockSavepoint is where lockEvents goes back to when a card upsert holds a
+// dropped target.
+const lockSavepoint = `boost_locks`
 
 // lockCardsSQL locks the card rows that events on projects $1 and property
 // objects $2 can write: the project cards, then the objects that are a
@@ -175,9 +215,48 @@ func stripes(ids []string) []string {
 	return out
 }
 
+// lockEvents takes the advisory locks of an ApplyBatch in the global order:
+// its purchases exclusive and its new targets shared (lockSQL), then the
+// shared locks of the targets the purchases' stored contributions name and
+// the new versions drop (lockDroppedSQL), adding those to l so that the card
+// rows of their cascade are locked too. The stored targets are known only
+// once the purchase locks are held, so their locks come last; they are only
+// tried, because the statement holds table locks. When a card upsert holds
+// one, everything since the savepoint is let go, and the locks are taken
+// again, the dropped targets among them, all in order: waiting only for
+// advisory locks while holding advisory locks that come before.
+func lockEvents(ctx context.Context, q querier, l *locks) error {
+	if !q.savepoint {
+		if err := q.exec(ctx, `SAVEPOINT `+lockSavepoint); err != nil {
+			return wrap("savepoint before locks", err)
+		}
+	}
+	for {
+		if err := lock(ctx, q, *l); err != nil {
+			return err
+		}
+		var dropped struct {
+			Projects pq.StringArray `db:"projects"`
+			Objects  pq.StringArray `db:"objects"`
+			Granted  bool           `db:"granted"`
+		}
+		if err := q.get(ctx, &dropped, lockDroppedSQL, pq.Array(l.Purchases), pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {
+			return wrap("lock dropped targets", err)
+		}
+		l.Projects, l.Objects = append(l.Projects, dropped.Projects...), append(l.Objects, dropped.Objects...)
+		if dropped.Granted {
+			return nil
+		}
+		if err := q.exec(ctx, `ROLLBACK TO SAVEPOINT `+lockSavepoint); err != nil {
+			return wrap("let go of locks", err)
+		}
+	}
+}
+
 // locks names the advisory locks one transaction takes (ids in
-// uuid.UUID.String form, as PostgreSQL prints them); targetLocks decides
-// which locks its targets take.
+// uuid.UUID.String form, as PostgreSQL prints them, which lockDroppedSQL
+// compares with the stored ids); targetLocks decides which locks its
+// targets take.
 type locks struct {
 	// Purchases are locked exclusive.
 	Purchases []string

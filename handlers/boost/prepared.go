@@ -23,7 +23,7 @@ type Prepared struct {
 // Prepare prepares ApplyBatch's statements on db. Close releases them.
 func Prepare(ctx context.Context, db *sqlx.DB) (*Prepared, error) {
 	p := &Prepared{stmts: map[string]*sqlx.Stmt{}}
-	for _, query := range []string{lockSQL, lockCardsSQL, applySQL} {
+	for _, query := range []string{lockSQL, lockDroppedSQL, lockCardsSQL, applySQL} {
 		stmt, err := db.PreparexContext(ctx, query)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("prepare boost statements: %w", err), p.Close())
@@ -59,10 +59,11 @@ func (p *Prepared) ApplyBatch(ctx context.Context, tx *sqlx.Tx, evs []event.Purc
 	if targets > genericPlanMaxTargets {
 		return applyBatch(ctx, plain(tx), evs)
 	}
-	if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+	// One round trip for both: the savepoint is lockEvents'.
+	if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_generic_plan; SAVEPOINT `+lockSavepoint); err != nil {
 		return nil, wrap("set plan cache mode", err)
 	}
-	return applyBatch(ctx, querier{tx: tx, stmts: p.stmts}, evs)
+	return applyBatch(ctx, querier{tx: tx, stmts: p.stmts, savepoint: true}, evs)
 }
 
 // Apply is ApplyBatch with a batch of one.
@@ -75,6 +76,8 @@ func (p *Prepared) Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChan
 type querier struct {
 	tx    *sqlx.Tx
 	stmts map[string]*sqlx.Stmt
+	// savepoint is set when lockSavepoint was taken already.
+	savepoint bool
 }
 
 func plain(tx *sqlx.Tx) querier { return querier{tx: tx} }
