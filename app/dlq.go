@@ -73,7 +73,7 @@ func runDLQPark(ctx context.Context, args []string) error {
 	s.int(&c.Offset, "offset", "DLQ_PARK_OFFSET", -1, "offset of the record (required; `promoflow status` shows a stuck partition's)")
 	s.str(&c.req.Reason, "reason", "DLQ_PARK_REASON", "", "why, written to the dead letter's x-dlq-reason (required)")
 	c.logs.register(s)
-	if err := parseHelpToStdout(s, args); err != nil {
+	if err := s.parse(args); err != nil {
 		return err
 	}
 	c.req.Partition, c.req.Offset = int32(c.Partition), int64(c.Offset)

@@ -66,7 +66,7 @@ func runOutbox(ctx context.Context, args []string) error {
 		s.dur(&c.Poll, "poll", "OUTBOX_DRAIN_POLL", drainPollDefault, "how often drain reads the outbox")
 	}
 	c.logs.register(s)
-	if err := parseHelpToStdout(s, args); err != nil {
+	if err := s.parse(args); err != nil {
 		return err
 	}
 	if err := c.validate(); err != nil {

@@ -25,7 +25,6 @@ func runReconcile(ctx context.Context, args []string) error {
 		"outbox at the topic's version + 1; a purchase the database lacks becomes a Cancelled row, so its boost\n"+
 		"ends. Run it against the new primary, with the relay running. A second run finds nothing.\n"+
 		"Exit status: 0 done (or nothing found), 1 it failed.")
-	s.fs.SetOutput(os.Stdout)
 	common.registerStores(s)
 	s.str(&cfg.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.bool(&cfg.DryRun, "dry-run", "RECONCILE_DRY_RUN", false, "find and print the phantoms, write nothing")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -98,10 +99,18 @@ func (s *settings) bool(p *bool, name, env string, def bool, usage string) {
 	s.envs[name] = env
 }
 
-// parse reads args, then fills every flag not given from its environment variable.
+// parse reads args, then fills every flag not given from its environment
+// variable. --help prints the settings to stdout (flag.ErrHelp: exit 0); an
+// error goes to stderr through main, naming --help.
 func (s *settings) parse(args []string) error {
+	s.fs.SetOutput(io.Discard)
 	if err := s.fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			s.fs.SetOutput(os.Stdout)
+			s.fs.Usage()
+			return err
+		}
+		return fmt.Errorf("%w (promoflow %s --help lists the settings)", err, s.fs.Name())
 	}
 	if s.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(s.fs.Args(), " "))

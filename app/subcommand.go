@@ -1,10 +1,8 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
@@ -25,16 +23,4 @@ func action(command string, args, actions []string, usage string) (string, []str
 	fmt.Fprint(os.Stderr, usage)
 	last := len(actions) - 1
 	return "", nil, fmt.Errorf("%s: name %s or %s", command, strings.Join(actions[:last], ", "), actions[last])
-}
-
-// parseHelpToStdout parses args; --help goes to stdout (exit 0), and an
-// error goes to stderr through main.
-func parseHelpToStdout(s *settings, args []string) error {
-	s.fs.SetOutput(io.Discard)
-	err := s.parse(args)
-	if errors.Is(err, flag.ErrHelp) {
-		s.fs.SetOutput(os.Stdout)
-		s.fs.Usage()
-	}
-	return err
 }
