@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/handlers/event"
@@ -233,9 +234,17 @@ func replaysWhatTheDatabaseLost(t *testing.T, before, after int) {
 		produce(catalogtest.PurchaseEvent(event.StatusActive, 1, 50+i, catalogtest.Target(event.TargetProject, cards[i%len(cards)])))
 	}
 	want := expected()
-	require.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), want) }, time.Minute, 50*time.Millisecond,
-		"every card equals a recompute from every event, what the failover lost applied again: want %v, have %v",
-		want, b.CardBoosts(t))
+	if !assert.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), want) }, 2*time.Minute, 50*time.Millisecond,
+		"every card equals a recompute from every event, what the failover lost applied again") {
+		var rows []struct {
+			Partition int32 `db:"partition"`
+			Slot      int   `db:"slot"`
+			Next      int64 `db:"next_offset"`
+		}
+		require.NoError(t, b.DB.Select(&rows, `SELECT partition, slot, next_offset FROM catalog.consumer_offsets ORDER BY 1, 2`))
+		t.Fatalf("want %v, have %v; stored offsets %+v; partition ends %v; consumed %v",
+			want, b.CardBoosts(t), rows, catalogtest.PartitionSizes(t, b.Cfg.Topic), b.Consumed())
+	}
 }
 
 // boostsOf is each card's boost that the last event of each purchase implies.
