@@ -48,9 +48,8 @@ func (b *promotionBundle) startWith(t testing.TB, interval time.Duration, cfg ex
 	b.startRouter(t, router.PromotionConfig{}, cfg, log)
 }
 
-// startRouter is startWith with the router's config: its brokers, short
-// janitor and poll intervals, and the process's default transactional id
-// for the topic, where it sets none, are filled in. The returned
+// startRouter is startWith with the router's config: its brokers, and short
+// janitor and poll intervals where it sets none, are filled in. The returned
 // stop stops the router before the test ends.
 func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig, cfg expire.Config, log *slog.Logger) (stop func()) {
 	t.Helper()
@@ -63,8 +62,6 @@ func (b *promotionBundle) startRouter(t testing.TB, rcfg router.PromotionConfig,
 	rcfg.Kafka = kafkatest.Cluster(t)
 	rcfg.JanitorInterval = cmp.Or(rcfg.JanitorInterval, 200*time.Millisecond)
 	rcfg.OutboxPollInterval = cmp.Or(rcfg.OutboxPollInterval, 20*time.Millisecond)
-	// Transactional, as a process is by default (its topic names the id).
-	rcfg.RelayTransactionalID = cmp.Or(rcfg.RelayTransactionalID, router.RelayTransactionalIDFor(b.topic))
 	p, err := router.NewPromotion(b.db, exp, m, log, rcfg)
 	require.NoError(t, err)
 	return catalogtest.RunUntilCleanup(t, p.Run, p.Router.IsRunning)

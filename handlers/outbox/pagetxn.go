@@ -32,21 +32,24 @@ type Pages interface {
 //   - its last one (PageEndMetadataKey) commits it once it is published,
 //     within the position guard's lease, before the handler returns and so
 //     before the subscriber acks the page;
-//   - a failed publish or commit aborts the publisher's page and rolls the
-//     position transaction back, so that nothing of the page is acked and it
-//     is read again whole (the guard then gives the page's other messages up
-//     unpublished, as after a lost session);
-//   - a page whose publishes did not end with a commit (a step back holds the
-//     page to its ack deadline, a shutdown stops mid-page) is aborted and
-//     rolled back just before the subscriber would ack it (Offsets): an ack
-//     never commits rows whose events are in an open or aborted transaction.
+//   - a failed publish or commit aborts the publisher's page, and the
+//     handler fails as it would have without pages (a step back holds the
+//     page to its ack deadline; a lost session makes the guard roll back); a
+//     later message of that page is given up unpublished and rolls the
+//     position transaction back;
+//   - before the subscriber acks a page whose publishes did not end with a
+//     commit (a failure, a step back, a shutdown mid-page), the page is
+//     aborted and the position transaction rolled back (Offsets): the ack
+//     fails, and the page is read again whole. An ack never commits rows
+//     whose events are in an open or aborted transaction.
 //
 // Nothing else here begins or commits a transaction.
 type PageTransaction struct {
 	pages Pages
 
-	mu sync.Mutex
-	tx *sql.Tx // the position transaction whose page is open; nil between pages
+	mu     sync.Mutex
+	tx     *sql.Tx // the position transaction whose page is open; nil between pages
+	failed bool    // a publish or the commit of tx's page failed
 }
 
 // NewPageTransaction makes each page one transaction of pages.
@@ -67,10 +70,17 @@ func (t *PageTransaction) Middleware(h message.HandlerFunc) message.HandlerFunc 
 		}
 		t.mu.Lock()
 		if t.tx != tx {
-			t.tx = tx
+			t.tx, t.failed = tx, false
 			t.pages.BeginPage()
 		}
+		failed := t.failed
 		t.mu.Unlock()
+		if failed {
+			// Its earlier publishes are aborted: nothing of the page may be
+			// acked, and the subscriber hands the rest over at once.
+			_ = tx.Rollback()
+			return nil, nil
+		}
 		out, err := h(msg)
 		if err == nil && msg.Metadata.Get(PageEndMetadataKey) == "" {
 			return out, nil
@@ -85,21 +95,14 @@ func (t *PageTransaction) Middleware(h message.HandlerFunc) message.HandlerFunc 
 				return out, nil
 			}
 		}
-		t.abort(tx)
+		t.mu.Lock()
+		if t.tx == tx {
+			t.failed = true
+			_ = t.pages.EndPage(false)
+		}
+		t.mu.Unlock()
 		return out, err
 	}
-}
-
-// abort aborts the publisher's page of tx, if it is still open, and rolls
-// tx back.
-func (t *PageTransaction) abort(tx *sql.Tx) {
-	t.mu.Lock()
-	if t.tx == tx {
-		t.tx = nil
-		_ = t.pages.EndPage(false)
-	}
-	t.mu.Unlock()
-	_ = tx.Rollback()
 }
 
 // Offsets wraps the relay subscriber's offsets adapter: before the page's
@@ -121,9 +124,13 @@ type pageOffsets struct {
 func (o pageOffsets) AckMessageQuery(topic string, row wmsql.Row, consumerGroup string) wmsql.Query {
 	o.t.mu.Lock()
 	tx := o.t.tx
+	if tx != nil {
+		o.t.tx = nil
+		_ = o.t.pages.EndPage(false)
+	}
 	o.t.mu.Unlock()
 	if tx != nil {
-		o.t.abort(tx)
+		_ = tx.Rollback()
 	}
 	return o.OffsetsAdapter.AckMessageQuery(topic, row, consumerGroup)
 }

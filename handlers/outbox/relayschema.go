@@ -31,7 +31,8 @@ const (
 // does, and merges each run of small rows into one message, so that the
 // relay sends them in one Kafka request. Transactions of one event (the
 // purchase API's) are relayed nearly as fast as the expirer's batches. The
-// page is still acked once, after its last message.
+// page is still acked once, after its last message, which carries
+// PageEndMetadataKey (PageTransaction).
 //
 // It reads below the relay's horizon (promotion.outbox_relay_horizon): only
 // a running outbox writer (BeginTx) holds the relay back, not every
