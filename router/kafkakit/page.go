@@ -67,6 +67,9 @@ func (p *BatchPublisher) EndPage(commit bool) error {
 	p.page = nil
 	current := p.conn
 	p.mu.Unlock()
+	if pg != nil && pg.conn != nil && (pg.err != nil || pg.conn != current) {
+		pg.conn.paged.Store(false) // its transaction ended with the failure
+	}
 	switch {
 	case pg == nil:
 		return nil
