@@ -16,7 +16,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/dberr"
-	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/handlers/expire"
 	"github.com/promoflow/promoflow/handlers/outbox"
 	"github.com/promoflow/promoflow/handlers/purchase"
@@ -61,7 +60,9 @@ type PromotionConfig struct {
 	// good check of its session lets it write to Kafka (see addRelay).
 	RelayPosition outbox.PositionGuardConfig
 	// RelayTransactionalID is the relay producer's Kafka transactional.id, one
-	// for every process of an outbox (see addRelay). Empty: no transactions.
+	// for every process of an outbox (see addRelay). Defaults, when Topic is
+	// set, to RelayTransactionalIDFor(Topic); RelayTransactionsOff, or empty
+	// without a Topic: no transactions.
 	RelayTransactionalID string
 	// RelayStandbyFlush are the standbys that must have flushed a page
 	// before the relay publishes it (outbox.StandbyFlush). Defaults to off.
@@ -109,6 +110,9 @@ func (c *PromotionConfig) setDefaults() {
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 	c.RelayPublishTimeout = cmp.Or(c.RelayPublishTimeout, kafkakit.PublishTimeoutDefault)
 	c.TopicCheckInterval = cmp.Or(c.TopicCheckInterval, outbox.TopicCheckIntervalDefault)
+	if c.RelayTransactionalID == "" && c.Topic != "" {
+		c.RelayTransactionalID = RelayTransactionalIDFor(c.Topic)
+	}
 }
 
 // heldBackLogAfter is how long an outbox writer may hold the relay back before
@@ -225,8 +229,9 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // over the pinned count, so a key never moves to a partition added in place.
 //
 // A holder frozen mid-publish may send, on thawing, what its lease no longer
-// governs: with RelayTransactionalID each publish is a Kafka transaction, and
-// the next holder fences the frozen producer (kafkakit/transaction.go).
+// governs: with RelayTransactionalID (on by default) each page is a Kafka
+// transaction, and the next holder fences the frozen producer
+// (outbox.PageTransaction, kafkakit/page.go).
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {
 	topics, err := newTopicGuard(db, m, log, cfg)
 	if err != nil {
@@ -267,13 +272,17 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 	if err != nil {
 		return err
 	}
+	pub, pages, err := p.relayPublisher(cfg, guard, pinned, stepBack)
+	if err != nil {
+		return err
+	}
 	ackDeadline := cfg.RelayPublishTimeout + relayAckMargin
 	readOnly := &dberr.Watch{OnChange: readOnlyLog(log, "relay", "it publishes nothing until the server takes writes")}
 	countError := func(reason string) { m.OutboxRelayErrors.WithLabelValues(reason).Inc() }
 	wsub, err := wmsql.NewSubscriber(db.DB, wmsql.SubscriberConfig{
 		ConsumerGroup:  outbox.RelayConsumerGroup,
 		SchemaAdapter:  outbox.RelaySchema(cfg.OutboxBatchSize, stepBack.Back, guard.TakeoverWait(), guard.IdleTimeout()),
-		OffsetsAdapter: outbox.Offsets(),
+		OffsetsAdapter: pages.Offsets(outbox.Offsets()),
 		PollInterval:   cfg.OutboxPollInterval,
 		AckDeadline:    &ackDeadline,
 		BackoffManager: outbox.QueryBackoff{PollInterval: cfg.OutboxPollInterval, InRecovery: dberr.InRecovery(db.DB),
@@ -283,17 +292,6 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 		return fmt.Errorf("outbox subscriber: %w", err)
 	}
 	sub := outbox.PatientSubscriber{Subscriber: wsub, InRecovery: dberr.InRecovery(db.DB), ReadOnly: readOnly, OnError: countError}
-	pub := cfg.RelayPublisher
-	if pub == nil {
-		kp, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: cfg.Kafka, ClientID: "promoflow-promotion-relay",
-			Marshaler: kafkakit.KeyedMarshaler{Key: event.PartitionKey}, Timeout: cfg.RelayPublishTimeout,
-			Lease: guard.ValidUntil, Pinned: pinned, TransactionalID: cfg.RelayTransactionalID})
-		if err != nil {
-			return err
-		}
-		p.closers = append(p.closers, kp.Close)
-		pub = kp
-	}
 	pub = stepBack.Publisher(pub)
 	middlewares, err := relayStandbyFlush(db, m, log, cfg)
 	if err != nil {
@@ -325,10 +323,14 @@ func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger,
 			return out, err
 		}
 	}
+	middlewares = append(middlewares, guard.Middleware, observeRelay, stepBack.Middleware)
+	if pages != nil {
+		middlewares = append(middlewares, pages.Middleware) // inside the guard: a page commits within its lease
+	}
 	_, err = forwarder.NewForwarder(sub, outbox.Unpacker{Publisher: kafkakit.NewResender(tracingPublisher{pub})}, wlog, forwarder.Config{
 		ForwarderTopic: outbox.ForwarderTopic,
 		Router:         p.Router,
-		Middlewares:    append(middlewares, guard.Middleware, observeRelay, stepBack.Middleware),
+		Middlewares:    middlewares,
 	})
 	if err != nil {
 		return fmt.Errorf("outbox forwarder: %w", err)

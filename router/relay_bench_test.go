@@ -145,6 +145,11 @@ type relayRun struct {
 // partitions. Each router has a pool of its own on the database, as separate
 // processes have, and its own Kafka producer; their expirers are idle.
 func relay(b *testing.B, n, perTx, processes int) relayRun {
+	return relayWith(b, n, perTx, processes, func(string) router.PromotionConfig { return router.PromotionConfig{} })
+}
+
+// relayWith is relay with each router's config, made for the run's topic.
+func relayWith(b *testing.B, n, perTx, processes int, config func(topic string) router.PromotionConfig) relayRun {
 	url, topic := pgtest.DatabaseURL(b), kafkatest.Topic(b, 6)
 	procs := make([]promotionBundle, processes)
 	for i := range procs {
@@ -164,7 +169,7 @@ func relay(b *testing.B, n, perTx, processes int) relayRun {
 	traceWrites(txs...)
 	writeOutbox(b, procs[0], txs...)
 	for i := range procs {
-		stop := procs[i].startRouter(b, router.PromotionConfig{}, expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+		stop := procs[i].startRouter(b, config(topic), expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
 		defer stop()
 	}
 	run := relayRun{relayed: make([]float64, processes)}

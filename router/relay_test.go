@@ -343,3 +343,45 @@ func uuidsOf(msgs []*message.Message) []string {
 	}
 	return out
 }
+
+// TestRelay_APageWhosePublishFailsIsNeitherVisibleNorAcked: with the
+// process's default transactional id, a page whose first message is
+// published and whose last one fails (an event larger than the producer
+// sends) is one aborted Kafka transaction: each time the relay tries it, a
+// read_committed reader sees nothing of it, and the outbox position stays
+// before its first row.
+func TestRelay_APageWhosePublishFailsIsNeitherVisibleNorAcked(t *testing.T) {
+	b := setupPromotion(t, 1)
+	targets := make([]event.Target, 20_000) // about 1.4 MB: past the producer's 1 MB a record
+	for i := range targets {
+		targets[i] = catalogtest.Target(event.TargetProject, uuid.New())
+	}
+	big, err := event.NewMessage(catalogtest.PurchaseEvent(event.StatusActive, 1, 10, targets...), "page-test", time.Now())
+	require.NoError(t, err)
+	// A row of one event, then one of MergeRowsBelow + 1 (a message of its
+	// own, the page's last) that ends with the big event.
+	writeOutbox(t, b, purchaseEvents(t, 1, "page-test"), append(purchaseEvents(t, outbox.MergeRowsBelow, "page-test"), big))
+	waitVisible(t, b, 2)
+	var first int64
+	require.NoError(t, b.db.Get(&first, `SELECT min("offset") FROM `+outbox.MessagesTable))
+
+	b.startRouter(t, router.PromotionConfig{RelayTransactionalID: router.RelayTransactionalIDFor(b.topic),
+		RelayPublishTimeout: 2 * time.Second, RelayStepBack: outbox.StepBackConfig{Pause: 100 * time.Millisecond, MaxPause: 200 * time.Millisecond}},
+		expire.Config{Interval: time.Hour}, slog.New(slog.DiscardHandler))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(b.metrics.OutboxStepBacks) >= 3 }, time.Minute, 10*time.Millisecond,
+		"the relay tries the page, fails, and tries it again")
+
+	var acked int64
+	require.NoError(t, b.db.Get(&acked, `SELECT coalesce(max(offset_acked), 0) FROM `+outbox.OffsetsTable))
+	require.Less(t, acked, first, "the outbox position moved into the failed page")
+
+	producer, err := sarama.NewSyncProducer(kafkatest.Brokers(t), kafkatest.Cluster(t).DurableProducerConfig("page-test-sentinel"))
+	require.NoError(t, err)
+	defer producer.Close()
+	_, _, err = producer.SendMessage(&sarama.ProducerMessage{Topic: b.topic, Key: sarama.StringEncoder("sentinel"), Value: sarama.StringEncoder("sentinel")})
+	require.NoError(t, err)
+	got := kafkatest.ReadTopic(t, b.topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		return len(ms) > 0 && string(ms[len(ms)-1].Key) == "sentinel"
+	})
+	require.Len(t, got, 1, "read_committed sees records of the failed page before the sentinel: %d records", len(got)-1)
+}

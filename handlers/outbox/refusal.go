@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"time"
 
@@ -50,6 +51,15 @@ func (b QueryBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 		}
 		return 0
 	}
+	wait := cmp.Or(b.RetryInterval, retryIntervalDefault)
+	if errors.Is(err, sql.ErrTxDone) {
+		// The page's transaction was rolled back on purpose, so that its
+		// ack fails: its position session was lost (PositionGuard), or its
+		// Kafka transaction did not commit (PageTransaction). No database
+		// fault: not counted as one, and the page is read again.
+		logger.Info("relay page rolled back unacknowledged; it is read again", watermill.LogFields{"wait_time": wait})
+		return wait
+	}
 	err = dberr.Classify(context.Background(), err, b.InRecovery)
 	if retryNow(err) {
 		logger.Debug("relay query lost a lock race, trying again", watermill.LogFields{"err": err.Error()})
@@ -59,7 +69,6 @@ func (b QueryBackoff) HandleError(logger watermill.LoggerAdapter, noMsg bool, er
 	if b.OnError != nil {
 		b.OnError(reason)
 	}
-	wait := cmp.Or(b.RetryInterval, retryIntervalDefault)
 	if reason == dberr.ReasonReadOnly {
 		b.ReadOnly.Observe(err)
 		return wait

@@ -31,7 +31,8 @@ const (
 // does, and merges each run of small rows into one message, so that the
 // relay sends them in one Kafka request. Transactions of one event (the
 // purchase API's) are relayed nearly as fast as the expirer's batches. The
-// page is still acked once, after its last message.
+// page is still acked once, after its last message, which carries
+// PageEndMetadataKey (PageTransaction).
 //
 // It reads below the relay's horizon (promotion.outbox_relay_horizon): only
 // a running outbox writer (BeginTx) holds the relay back, not every
@@ -98,7 +99,8 @@ func (s relaySchema) SelectQuery(topic, consumerGroup string, _ wmsql.OffsetsAda
 // row, and a group of several has the JSON array of their payloads (forwarder
 // envelopes) and, in its metadata, mergedRowsKey, the rows' offsets in order
 // (mergedOffsetsKey) and their destination topic (mergedDestinationKey),
-// which UnmarshalMessage merges.
+// which UnmarshalMessage merges. The page's last group carries
+// PageEndMetadataKey in its metadata (PageTransaction).
 const mergeSQL = `WITH page AS (
 %[1]s
 ), marked AS (
@@ -125,12 +127,17 @@ const mergeSQL = `WITH page AS (
 	WHERE g.rows > 1
 	GROUP BY g.last_rn
 )
-SELECT l."offset", l.transaction_id, l.uuid,
-	CASE WHEN g.rows = 1 THEN l.payload ELSE m.payloads END AS payload,
-	CASE WHEN g.rows = 1 THEN l.metadata ELSE json_build_object('` + mergedRowsKey + `', g.rows::text,
-		'` + mergedOffsetsKey + `', m.offsets, '` + mergedDestinationKey + `', l.dest) END AS metadata
-FROM groups g JOIN grouped l ON l.rn = g.last_rn LEFT JOIN merged m ON m.last_rn = g.last_rn
-ORDER BY g.last_rn`
+SELECT "offset", transaction_id, uuid, payload,
+	CASE WHEN last_rn < max(last_rn) OVER () OR json_typeof(metadata) IS DISTINCT FROM 'object' THEN metadata
+		ELSE (metadata::jsonb || '{"` + PageEndMetadataKey + `":"1"}')::json END AS metadata
+FROM (
+	SELECT l."offset", l.transaction_id, l.uuid, g.last_rn,
+		CASE WHEN g.rows = 1 THEN l.payload ELSE m.payloads END AS payload,
+		CASE WHEN g.rows = 1 THEN l.metadata ELSE json_build_object('` + mergedRowsKey + `', g.rows::text,
+			'` + mergedOffsetsKey + `', m.offsets, '` + mergedDestinationKey + `', l.dest) END AS metadata
+	FROM groups g JOIN grouped l ON l.rn = g.last_rn LEFT JOIN merged m ON m.last_rn = g.last_rn
+) grouped_rows
+ORDER BY last_rn`
 
 // Metadata of a row of mergeSQL that holds several rows' envelopes: how many,
 // their offsets and their destination topic.
@@ -164,6 +171,7 @@ func (s relaySchema) UnmarshalMessage(row wmsql.Scanner) (wmsql.Row, error) {
 		return r, err
 	}
 	meta := r.Msg.Metadata
+	pageEnd := meta.Get(PageEndMetadataKey)
 	if meta.Get(mergedRowsKey) == "" {
 		meta.Set(OffsetMetadataKey, strconv.FormatInt(r.Offset, 10))
 		return r, nil
@@ -189,6 +197,9 @@ func (s relaySchema) UnmarshalMessage(row wmsql.Scanner) (wmsql.Row, error) {
 	r.Msg = message.NewMessage(string(r.UUID), r.Payload)
 	r.Msg.Metadata = maps.Clone(env.Metadata)
 	r.Msg.Metadata.Set(OffsetMetadataKey, offset)
+	if pageEnd != "" {
+		r.Msg.Metadata.Set(PageEndMetadataKey, pageEnd)
+	}
 	return r, nil
 }
 

@@ -143,16 +143,40 @@ type stepBackPublisher struct {
 }
 
 func (p stepBackPublisher) Publish(topic string, msgs ...*message.Message) error {
-	err := p.Publisher.Publish(topic, msgs...)
+	return p.s.observe(p.Publisher.Publish(topic, msgs...))
+}
+
+// Pages wraps the relay's pages (PageTransaction): a failed commit of a
+// page makes the relay step back as a failed publish does.
+func (s *StepBack) Pages(pages Pages) Pages {
+	return stepBackPages{Pages: pages, s: s}
+}
+
+type stepBackPages struct {
+	Pages
+	s *StepBack
+}
+
+func (p stepBackPages) EndPage(commit bool) error {
+	err := p.Pages.EndPage(commit)
+	if commit {
+		return p.s.observe(err)
+	}
+	return err
+}
+
+// observe steps back after err, a failed publish that is not excused, and
+// resets the pause after a successful one; it returns err.
+func (s *StepBack) observe(err error) error {
 	if err != nil {
-		if p.s.cfg.Excuse == nil || !p.s.cfg.Excuse(err) {
-			p.s.stepBack(err)
+		if s.cfg.Excuse == nil || !s.cfg.Excuse(err) {
+			s.stepBack(err)
 		}
 		return err
 	}
-	p.s.mu.Lock()
-	p.s.pause = p.s.cfg.Pause
-	p.s.mu.Unlock()
+	s.mu.Lock()
+	s.pause = s.cfg.Pause
+	s.mu.Unlock()
 	return nil
 }
 

@@ -34,6 +34,7 @@ type BatchPublisher struct {
 
 	mu   sync.Mutex
 	conn *producerConn // nil after a cut-off: the next Publish makes one
+	page *page         // the page under way (page.go); nil outside one
 
 	// send is SendMessages on a connection; tests stand in for it.
 	send func(c *producerConn, records []*sarama.ProducerMessage) error
@@ -127,7 +128,7 @@ func NewBatchPublisher(cfg BatchPublisherConfig) (*BatchPublisher, error) {
 func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 	deadline := time.Now().Add(p.cfg.Timeout)
 	err := p.publish(topic, msgs, deadline)
-	if errors.Is(err, ErrProducerFenced) && !p.leaseEnded() && time.Now().Before(deadline) {
+	if errors.Is(err, ErrProducerFenced) && !p.leaseEnded() && time.Now().Before(deadline) && p.restartPage() {
 		// A producer of another process fenced this one since its last
 		// transaction (it held the outbox position meanwhile): this process
 		// may write now, so its new producer fences that one in turn.
@@ -151,22 +152,19 @@ func (p *BatchPublisher) publish(topic string, msgs []*message.Message, deadline
 		return fmt.Errorf("produce %d messages: %w", len(msgs), ErrLeaseExpired)
 	}
 	conn := p.current()
-	done := make(chan error, 1)
-	conn.dialer.sending.Add(1)
-	go func() {
-		defer conn.dialer.sending.Add(-1)
-		done <- p.send(conn, records)
-	}()
-	err, refused := p.await(conn, done, deadline)
+	pg, err := p.joinPage(conn)
+	if err != nil {
+		return fmt.Errorf("produce %d messages: %w", len(msgs), err)
+	}
+	err, refused := p.run(conn, deadline, func() error { return p.send(conn, records) })
 	if refused != nil {
+		p.notePage(pg, refused)
 		return fmt.Errorf("produce %d messages: %w", len(msgs), refused)
 	}
-	if conn.dialer.leaseRefused.Load() {
-		p.cutOff(conn)
-		return fmt.Errorf("produce %d messages: %w", len(msgs), ErrLeaseExpired)
-	}
 	if conn.transactional() {
-		return p.transactionOutcome(conn, len(msgs), err)
+		err = p.transactionOutcome(conn, fmt.Sprintf("produce %d messages", len(msgs)), err)
+		p.notePage(pg, err)
+		return err
 	}
 	var perRecord sarama.ProducerErrors
 	if errors.As(err, &perRecord) {
@@ -182,6 +180,26 @@ func (p *BatchPublisher) publish(topic string, msgs []*message.Message, deadline
 		return fmt.Errorf("produce %d messages: %w", len(msgs), err)
 	}
 	return nil
+}
+
+// run runs request, a request of conn, and waits for its outcome until
+// deadline or the lease: past either, or when a write of it was refused for
+// the lease, conn is cut off and refused says which.
+func (p *BatchPublisher) run(conn *producerConn, deadline time.Time, request func() error) (err, refused error) {
+	done := make(chan error, 1)
+	conn.dialer.sending.Add(1)
+	go func() {
+		defer conn.dialer.sending.Add(-1)
+		done <- request()
+	}()
+	if err, refused = p.await(conn, done, deadline); refused != nil {
+		return nil, refused
+	}
+	if conn.dialer.leaseRefused.Load() {
+		p.cutOff(conn)
+		return nil, ErrLeaseExpired
+	}
+	return err, nil
 }
 
 // await waits for the send's outcome on done, and cuts conn off when the
@@ -247,8 +265,9 @@ func (p *BatchPublisher) cutOff(conn *producerConn) {
 	go conn.close()
 }
 
-// Close flushes and closes the producer.
+// Close aborts the page under way, if any, and flushes and closes the producer.
 func (p *BatchPublisher) Close() error {
+	_ = p.EndPage(false)
 	p.mu.Lock()
 	conn := p.conn
 	p.conn = nil
@@ -274,6 +293,8 @@ type producerConn struct {
 	sends sync.WaitGroup
 
 	txn      sync.Mutex  // one transaction at a time (transaction.go)
+	txnOpen  bool        // under txn: a transaction is open
+	paged    atomic.Bool // its transactions span a page's Publishes (page.go)
 	unusable atomic.Bool // its transactions failed for good: the next Publish needs a new producer
 }
 
@@ -320,6 +341,16 @@ func (c *producerConn) producer() (sarama.SyncProducer, error) {
 }
 
 func (c *producerConn) sendMessages(records []*sarama.ProducerMessage) error {
+	return c.withProducer(func(producer sarama.SyncProducer) error {
+		if c.transactional() {
+			return c.sendTransaction(producer, records)
+		}
+		return producer.SendMessages(records)
+	})
+}
+
+// withProducer runs request on the producer, which Close waits for.
+func (c *producerConn) withProducer(request func(sarama.SyncProducer) error) error {
 	producer, err := c.producer()
 	if err != nil {
 		return err
@@ -332,10 +363,7 @@ func (c *producerConn) sendMessages(records []*sarama.ProducerMessage) error {
 	c.sends.Add(1)
 	c.mu.Unlock()
 	defer c.sends.Done()
-	if c.transactional() {
-		return c.sendTransaction(producer, records)
-	}
-	return producer.SendMessages(records)
+	return request(producer)
 }
 
 // close closes the producer once no send is under way. A fenced producer's

@@ -119,3 +119,58 @@ func TestBatchPublisher_AFencedProducerIsReplacedOnlyWithinItsLease(t *testing.T
 	}
 	require.Equal(t, want, ids, "each turn once, in order")
 }
+
+// TestBatchPublisher_APageIsCommittedWholeOrNotAtAll: the Publishes of a
+// page are one Kafka transaction. A read_committed reader sees none of an
+// aborted page, none of a page one of whose Publishes failed (its later
+// Publishes and its commit fail with ErrPageAborted), and all of a
+// committed one.
+func TestBatchPublisher_APageIsCommittedWholeOrNotAtAll(t *testing.T) {
+	t.Parallel()
+	topic := kafkatest.Topic(t, 2)
+	pub, err := kafkakit.NewBatchPublisher(kafkakit.BatchPublisherConfig{Cluster: kafkatest.Cluster(t), ClientID: "page-test",
+		Marshaler: kafka.DefaultMarshaler{}, Timeout: 3 * time.Second, TransactionalID: "page-test." + topic})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	publish := func(ids ...string) error {
+		msgs := make([]*message.Message, len(ids))
+		for i, id := range ids {
+			msgs[i] = message.NewMessage(id, []byte(id))
+		}
+		return pub.Publish(topic, msgs...)
+	}
+
+	pub.BeginPage()
+	require.NoError(t, publish("aborted-1", "aborted-2"))
+	require.NoError(t, publish("aborted-3"))
+	require.NoError(t, pub.EndPage(false))
+
+	pub.BeginPage()
+	require.NoError(t, publish("failed-1"))
+	release := pub.HoldSends()
+	require.ErrorIs(t, publish("failed-2"), kafkakit.ErrPublishTimeout)
+	require.ErrorIs(t, publish("failed-3"), kafkakit.ErrPageAborted, "a page whose publish failed publishes nothing more")
+	require.ErrorIs(t, pub.EndPage(true), kafkakit.ErrPageAborted, "nor commits")
+	_ = release()
+
+	pub.BeginPage()
+	require.NoError(t, publish("committed-1", "committed-2"))
+	require.NoError(t, publish("committed-3"))
+	require.NoError(t, pub.EndPage(true))
+	require.NoError(t, publish("alone"), "outside a page, a Publish is a transaction of its own")
+
+	got := kafkatest.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		for _, m := range ms {
+			if kafkatest.Header(m, kafka.UUIDHeaderKey) == "alone" {
+				return true
+			}
+		}
+		return false
+	})
+	var ids []string
+	for _, m := range got {
+		ids = append(ids, kafkatest.Header(m, kafka.UUIDHeaderKey))
+	}
+	require.ElementsMatch(t, []string{"committed-1", "committed-2", "committed-3", "alone"}, ids,
+		"read_committed sees the committed page and the lone publish, nothing of the aborted or failed pages")
+}

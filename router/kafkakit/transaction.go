@@ -44,27 +44,77 @@ func TransactionTimeout(publishTimeout time.Duration) time.Duration {
 	return publishTimeout + TransactionTimeoutMargin
 }
 
+// TransactionRetryBackoff is the first wait before a transaction request
+// that the coordinator refused for a while is sent again, doubling with each
+// retry up to transactionRetryBackoffMax. Most often it is the first
+// AddPartitionsToTxn of a transaction, answered CONCURRENT_TRANSACTIONS
+// while the coordinator still writes the previous one's markers, which
+// takes a few milliseconds: Sarama's own 100 ms (20 ms for that request)
+// would wait out several times that.
+const TransactionRetryBackoff = 5 * time.Millisecond
+
+// transactionRetryBackoffMax caps the retry wait: Sarama's own, so that its
+// 50 retries still wait out a coordinator that moves (about 5 s in all).
+const transactionRetryBackoffMax = 100 * time.Millisecond
+
 // transactional makes sc a transactional producer of id whose Publishes end
 // within publishTimeout.
 func transactional(sc *sarama.Config, id string, publishTimeout time.Duration) {
 	sc.Producer.Transaction.ID = id
 	sc.Producer.Transaction.Timeout = TransactionTimeout(publishTimeout)
+	sc.Producer.Transaction.Retry.BackoffFunc = transactionRetryBackoff
+}
+
+// transactionRetryBackoff is the wait before the retries-th retry (from 0)
+// of a transaction request.
+func transactionRetryBackoff(retries, _ int) time.Duration {
+	return min(TransactionRetryBackoff<<min(retries, 10), transactionRetryBackoffMax)
 }
 
 func (c *producerConn) transactional() bool { return c.config.Producer.Transaction.ID != "" }
 
-// sendTransaction sends records in one transaction, committed whole or
-// aborted. A producer whose transactions can no longer succeed (Sarama's
+// sendTransaction sends records in the open transaction, or in one it
+// begins. Outside a page the transaction is committed whole or aborted; in
+// one (paged) it stays open for the page's next Publish, and a failure
+// aborts it. A producer whose transactions can no longer succeed (Sarama's
 // fatal state, or an abort that failed) is marked unusable.
 func (c *producerConn) sendTransaction(producer sarama.SyncProducer, records []*sarama.ProducerMessage) error {
 	c.txn.Lock()
 	defer c.txn.Unlock()
-	if err := producer.BeginTxn(); err != nil {
-		c.unusable.Store(true)
-		return fmt.Errorf("begin transaction: %w", err)
+	if !c.txnOpen {
+		if err := producer.BeginTxn(); err != nil {
+			c.unusable.Store(true)
+			return fmt.Errorf("begin transaction: %w", err)
+		}
+		c.txnOpen = true
 	}
 	err := producer.SendMessages(records)
-	if err == nil {
+	if err == nil && c.paged.Load() {
+		return nil
+	}
+	return c.endLocked(producer, err == nil, err)
+}
+
+// endTransaction commits the open transaction, if any, or aborts it, and
+// ends the page's span of it.
+func (c *producerConn) endTransaction(commit bool) error {
+	defer c.paged.Store(false)
+	return c.withProducer(func(producer sarama.SyncProducer) error {
+		c.txn.Lock()
+		defer c.txn.Unlock()
+		if !c.txnOpen {
+			return nil
+		}
+		return c.endLocked(producer, commit, nil)
+	})
+}
+
+// endLocked ends the open transaction: it commits when commit is set and
+// err, the transaction's error so far, is nil, and aborts otherwise. It
+// returns the transaction's error.
+func (c *producerConn) endLocked(producer sarama.SyncProducer, commit bool, err error) error {
+	c.txnOpen = false
+	if err == nil && commit {
 		if err = producer.CommitTxn(); err == nil {
 			return nil
 		}
@@ -80,21 +130,21 @@ func (c *producerConn) sendTransaction(producer sarama.SyncProducer, records []*
 	return err
 }
 
-// transactionOutcome is the error of a transactional Publish of n messages
-// whose send on conn returned err. A fenced or unusable producer is cut
-// off, so that the next Publish starts a new one.
-func (p *BatchPublisher) transactionOutcome(conn *producerConn, n int, err error) error {
+// transactionOutcome is the error of what, a transactional request on
+// conn (a Publish, a page's commit) that returned err. A fenced or unusable
+// producer is cut off, so that the next Publish starts a new one.
+func (p *BatchPublisher) transactionOutcome(conn *producerConn, what string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if fenced(err) {
 		p.cutOff(conn)
-		return fmt.Errorf("produce %d messages: %w: %w", n, ErrProducerFenced, err)
+		return fmt.Errorf("%s: %w: %w", what, ErrProducerFenced, err)
 	}
 	if conn.unusable.Load() {
 		p.cutOff(conn)
 	}
-	return fmt.Errorf("produce %d messages in a transaction: %w", n, err)
+	return fmt.Errorf("%s in a transaction: %w", what, err)
 }
 
 // fenced reports whether err, or an error of one of its records, says a
