@@ -67,7 +67,7 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 		ContractMismatch: r.counter("catalog_promotion_contract_mismatch_total", "Events with an unexpected contract version (processed anyway)."),
 		Consumed: r.counterVec("catalog_promotion_consumed_total", "Events consumed, by outcome (applied, stale, duplicate, post_only).",
 			"outcome", outcomeApplied, outcomeStale, outcomeDuplicate, outcomePostOnly),
-		DedupCleaned: r.counter("catalog_promotion_dedup_keys_cleaned_total", "Dedup keys deleted after their retention."),
+		DedupCleaned: r.counter("catalog_promotion_dedup_keys_cleaned_total", "Dedup marks, and dedup keys of the previous format, deleted after their retention."),
 		DriftCards:   r.gauge("catalog_promotion_drift_cards", "Cards whose PromotionBoost differs from the replica's sum at the last audit."),
 		GroupSessions: r.counter("catalog_promotion_group_sessions_total",
 			"Consumer-group sessions on the purchase topic this process started: one at its first join, one per rebalance."),

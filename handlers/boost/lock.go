@@ -14,8 +14,9 @@ import (
 //
 // Lock order, the same in every transaction that writes a boost:
 //
-//  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
-//     order), when the transaction is the consumer's unit of work;
+//  0. the consumer's dedup marks (rows of catalog.processed_records, in
+//     digest order, then of catalog.processed_messages, in key order), when
+//     the transaction is the consumer's unit of work;
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
 //     the purchases (exclusive), then projects, then property objects;
 //  2. the card tables, then card rows, in one statement (lockCardsSQL):
@@ -36,7 +37,7 @@ import (
 // A whole-projection writer (a rebuild's switch, LockProjectionTx;
 // RecomputeAllTx: lockProjectionSQL) takes the three tables EXCLUSIVE in the
 // same order, card tables first, then the contributions. It takes no
-// advisory lock and needs no dedup key row that a batch holds, so it waits
+// advisory lock and needs no dedup mark row that a batch holds, so it waits
 // only for the card
 // tables of batches in flight, while holding nothing they still need.
 //
