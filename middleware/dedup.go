@@ -168,11 +168,11 @@ const checkMarksSQL = `SELECT EXISTS (SELECT 1 FROM catalog.processed_records r
 	ORDER BY n`
 
 // storeMarks stores keys (distinct MessageIds) in tx and returns what it
-// found of each. A mark stored already is a duplicate. A new one whose
+// found of each. A mark stored already is a duplicate. A new mark whose
+// MessageId has a mark with another payload is reused (this release wrote
+// the previous-format key, if it was there). Otherwise a new mark whose
 // previous-format key was there is a duplicate of a record applied under the
-// old key, unless its MessageId has a mark with another payload (this release
-// wrote that key): then, as a new mark of a MessageId that does not fit the
-// old key, it is reused.
+// old key.
 func storeMarks(ctx context.Context, tx *sqlx.Tx, keys []dedupKey) ([]markOutcome, error) {
 	ids, payloads, legacy := make([][]byte, len(keys)), make([][]byte, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
