@@ -28,7 +28,7 @@ var mayImport = map[string][]string{
 	"handlers/purchase/purchasetest": {"handlers/"},
 	"sqlmigrate":                     nil,
 	"sqlmigrate/pgtest":              {"sqlmigrate", "handlers/tlstest"},
-	"middleware":                     {"handlers/event", "handlers/retention", "middleware/otlpexport"},
+	"middleware":                     {"handlers/dberr", "handlers/event", "handlers/retention", "middleware/otlpexport"},
 	"middleware/otlpexport":          nil,
 	"router/kafkakit":                nil,
 	"router/kafkakit/kafkatest":      {"router/kafkakit", "handlers/tlstest"},

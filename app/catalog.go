@@ -53,6 +53,8 @@ func (c *catalogConfig) registerBuffers(s *settings) {
 func (c *catalogConfig) registerTimings(s *settings) {
 	s.dur(&c.Consumer.RetryInitial, "retry-initial", "CATALOG_RETRY_INITIAL", middleware.RetryInitialIntervalDefault, "first backoff after an infrastructure error")
 	s.dur(&c.Consumer.RetryMax, "retry-max", "CATALOG_RETRY_MAX", middleware.RetryMaxIntervalDefault, "largest backoff after infrastructure errors")
+	s.int(&c.Consumer.RetryUnnamedAttempts, "retry-unnamed-attempts", "CATALOG_RETRY_UNNAMED_ATTEMPTS", middleware.RetryUnnamedAttemptsDefault, "failures of an error of no class (middleware/doc.go) before a record that others outlive is dead-lettered as stuck_record")
+	s.dur(&c.Consumer.RetryUnnamedAfter, "retry-unnamed-after", "CATALOG_RETRY_UNNAMED_AFTER", middleware.RetryUnnamedAfterDefault, "time an error of no class must keep failing one record, while others succeed, before it is dead-lettered as stuck_record")
 	s.dur(&c.Consumer.DedupRetention, "dedup-retention", "CATALOG_DEDUP_RETENTION", router.DedupRetentionDefault, "how long dedup keys are kept")
 	s.int(&c.Consumer.MaxBatch, "batch-max", "CATALOG_BATCH_MAX", middleware.GroupCommitMaxBatchDefault, "most events one consumer transaction applies")
 	s.int(&c.Consumer.Workers, "batch-workers", "CATALOG_BATCH_WORKERS", middleware.GroupCommitWorkersDefault, "consumer transactions in flight at once")

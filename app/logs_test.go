@@ -47,10 +47,10 @@ func TestLog_AnUnknownFormatOrLevelIsRefused(t *testing.T) {
 // other settings, so its --help lists it.
 func TestHelp_EveryCommandListsLogFormat(t *testing.T) {
 	t.Parallel()
-	for _, cmd := range []string{"promotion", "catalog", "dev", "dlq-replay", "audit", "rebuild", "migrate", "republish"} {
+	for _, cmd := range []string{"promotion", "catalog", "dev", "dlq-replay", "dlq replay", "dlq park", "audit", "rebuild", "migrate", "republish"} {
 		t.Run(cmd, func(t *testing.T) {
 			t.Parallel()
-			code, out := runCommand(t, map[string]string{}, 30*time.Second, cmd, "--help")
+			code, out := runCommand(t, map[string]string{}, 30*time.Second, append(strings.Fields(cmd), "--help")...)
 			require.Zero(t, code, out)
 			require.Regexp(t, `--log-format +\$LOG_FORMAT +default auto`, out)
 			require.False(t, strings.Contains(out, `"level"`), "help printed a log record:\n%s", out)

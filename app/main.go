@@ -21,7 +21,9 @@ Usage:
   promoflow dev [flags]          run both contexts in one process (embedded Kafka without $KAFKA_BROKERS)
   promoflow promotion [flags]    run the promotion context (purchase API, expirer, outbox relay)
   promoflow catalog [flags]      run the catalog context (Promotion Boost consumer, card feed, rebuild)
-  promoflow dlq-replay [flags]   replay the Promotion Boost DLQ to the catalog consumer (--list: what it holds)
+  promoflow dlq list|inspect|replay|park
+                                 the Promotion Boost DLQ: what it holds, its records, replay them to the
+                                 catalog consumer, dead-letter a record the consumer retries without end
   promoflow rebuild [flags]      rebuild the PromotionBoost projection from the purchase topic
   promoflow audit [flags]        check (and --repair) card boosts against the replica and the topic
   promoflow reconcile [flags]    after a database failover, repair purchases the topic holds and the database lacks
@@ -78,8 +80,10 @@ func run(ctx context.Context, args []string) error {
 		return runPromotion(ctx, rest)
 	case "catalog":
 		return runCatalog(ctx, rest)
+	case "dlq":
+		return runDLQ(ctx, rest)
 	case "dlq-replay":
-		return runDLQReplay(ctx, rest)
+		return runDLQReplayAlias(ctx, rest)
 	case "rebuild":
 		return runRebuild(ctx, rest)
 	case "audit":

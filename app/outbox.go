@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -50,15 +49,10 @@ type outboxCommand struct {
 }
 
 func runOutbox(ctx context.Context, args []string) error {
-	if len(args) == 0 || (args[0] != "drain" && args[0] != "thaw") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprint(os.Stdout, outboxUsage)
-			return flag.ErrHelp
-		}
-		fmt.Fprint(os.Stderr, outboxUsage)
-		return errors.New("outbox: name drain or thaw")
+	action, args, err := action("outbox", args, []string{"drain", "thaw"}, outboxUsage)
+	if err != nil {
+		return err
 	}
-	action, args := args[0], args[1:]
 	var c outboxCommand
 	summaries := map[string]string{
 		"drain": "Freezes the promotion context's writes, waits until the relay has published the whole outbox, and exits 0; the freeze stays until `promoflow outbox thaw`.",
@@ -72,13 +66,7 @@ func runOutbox(ctx context.Context, args []string) error {
 		s.dur(&c.Poll, "poll", "OUTBOX_DRAIN_POLL", drainPollDefault, "how often drain reads the outbox")
 	}
 	c.logs.register(s)
-	// --help goes to stdout (exit 0); an error goes to stderr through main.
-	s.fs.SetOutput(io.Discard)
-	if err := s.parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			s.fs.SetOutput(os.Stdout)
-			s.fs.Usage()
-		}
+	if err := parseHelpToStdout(s, args); err != nil {
 		return err
 	}
 	if err := c.validate(); err != nil {

@@ -130,6 +130,8 @@ func registerLimits(s *settings, l *status.Limits) {
 		"greatest age of the oldest record the consumer has not handled (CatalogPromotionLagHigh, the SLO)")
 	s.dur(&l.DeadLetterWindow, "dead-letter-window", "STATUS_DEAD_LETTER_WINDOW", status.DeadLetterWindowDef,
 		"a dead letter newer than this is red (CatalogPromotionDeadLetters)")
+	s.dur(&l.Stuck, "stuck-max", "STATUS_STUCK_MAX", status.StuckDefault,
+		"longest the consumer may keep failing on one record of a partition (CatalogPartitionStuck)")
 }
 
 // watchValue is --watch (every 2s) or --watch=DURATION; false or 0 is off.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -184,7 +185,9 @@ func TestStatus_IsHealthyOnAHealthyStackAndNamesEachRedPartInItsExitStatus(t *te
 	t.Run("full DLQ", func(t *testing.T) {
 		produceBroken(t, st.topic, 5)
 		rep := st.waitStatusWhere(t, exitConsumerRed, func(rep status.Report) bool {
-			return rep.Consumer.DeadLetters != nil && rep.Consumer.DeadLetters.Records == 5 // dead-lettered one by one
+			// dead-lettered one by one, and the lag they caused gone
+			return rep.Consumer.DeadLetters != nil && rep.Consumer.DeadLetters.Records == 5 &&
+				slices.Equal(alerts(rep.Consumer.Health), []string{"CatalogPromotionDeadLetters"})
 		})
 		require.Equal(t, []string{"CatalogPromotionDeadLetters"}, alerts(rep.Consumer.Health))
 		require.EqualValues(t, 5, rep.Consumer.DeadLetters.Records)

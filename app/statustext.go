@@ -130,6 +130,10 @@ func (p *screen) consumer(s status.Consumer, l status.Limits) {
 		for _, b := range s.Behind {
 			p.line("    partition %d: committed %d, end %d, lag %d, oldest %s", b.Partition, b.Committed, b.End, b.Lag, ago(b.OldestSeconds))
 		}
+		for _, st := range s.Stuck {
+			p.line("  stuck        partition %d at offset %d for %s (%d attempts; limit %s): %s", st.Partition, st.Offset,
+				time.Since(st.Since).Round(time.Second), st.Attempts, l.Stuck, strings.ReplaceAll(st.Error, "\n", "; "))
+		}
 		if d := s.DeadLetters; d != nil {
 			p.line("  DLQ          %d records in %s (window %s)", d.Records, d.Topic, l.DeadLetterWindow)
 			for _, r := range d.Rows {

@@ -70,6 +70,9 @@ type Offsets struct {
 	// committed is the highest offset this process's transactions
 	// committed to each partition.
 	committed map[claimKey]int64
+	// rewind are the partitions whose offsets the database lost, until a
+	// session seeks them.
+	rewind map[claimKey]bool
 	// gen counts the losses found: a transaction whose offsets were worked
 	// out before one may not store them.
 	gen int
@@ -108,7 +111,7 @@ func PositionOf(msg *message.Message) (Position, bool) {
 // db. A nil log logs to slog.Default().
 func NewOffsets(db *sqlx.DB, log *slog.Logger) *Offsets {
 	return &Offsets{db: db, log: cmp.Or(log, slog.Default()), runs: map[claimKey]Run{}, stops: map[claimKey]func(){},
-		committed: map[claimKey]int64{}, ended: map[claimKey]int64{}}
+		committed: map[claimKey]int64{}, rewind: map[claimKey]bool{}, ended: map[claimKey]int64{}}
 }
 
 // Claim registers run as the order of topic's partition until release,
@@ -307,13 +310,26 @@ func (s seeker) Setup(sess sarama.ConsumerGroupSession) error {
 			s.offsets.log.Error("consumer-offsets-unreadable", "topic", topic, "error", err.Error())
 			return err
 		}
-		for p, next := range stored {
-			// Sarama moves a partition's offset back only by ResetOffset
-			// and forward only by MarkOffset: one of the two takes.
-			sess.ResetOffset(topic, p, next, "")
-			sess.MarkOffset(topic, p, next, "")
+		var oldest []int32
+		for _, p := range partitions {
+			rewind := s.offsets.rewound(topic, p)
+			next, ok := stored[p]
+			switch {
+			case ok:
+				// Sarama moves a partition's offset back only by ResetOffset
+				// and forward only by MarkOffset: one of the two takes.
+				sess.ResetOffset(topic, p, next, "")
+				sess.MarkOffset(topic, p, next, "")
+			case rewind:
+				// The database lost every row of a partition this process
+				// had stored: Kafka's offset is past what it lost. The
+				// subscriber's initial offset is the oldest.
+				sess.ResetOffset(topic, p, sarama.OffsetOldest, "")
+				oldest = append(oldest, p)
+			}
 		}
-		s.offsets.log.Info("consumer-offsets-seek", "topic", topic, "claimed", len(partitions), "stored", stored)
+		s.offsets.log.Info("consumer-offsets-seek", "topic", topic, "claimed", len(partitions), "stored", stored,
+			"oldest", oldest)
 	}
 	go s.offsets.watch(sess.Context(), LossCheckInterval)
 	return s.ConsumerGroupHandler.Setup(sess)

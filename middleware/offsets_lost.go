@@ -41,7 +41,10 @@ func (o *Offsets) checkNotLost(gen int, nexts []Position, prev map[claimKey]int6
 }
 
 // lostLocked ends every claim of the process, with o.mu held, once
-// partition k was found at found after the process had committed want.
+// partition k was found at found after the process had committed want. The
+// partitions it had committed to are marked for rewinding: the next session
+// seeks one that has no row left to its oldest record, not to Kafka's
+// committed offset, which is past what the database lost.
 // Nothing of those claims is stored any more, neither by the transactions
 // still under way nor by the session's cleanup: their records lie past what
 // the database lost.
@@ -49,6 +52,9 @@ func (o *Offsets) lostLocked(k claimKey, want, found int64) {
 	o.log.Error("consumer-offsets-lost", "topic", k.topic, "partition", k.partition, "committed", want,
 		"found", found, "action", "ending the session to seek to the database's offsets")
 	o.gen++
+	for k := range o.committed {
+		o.rewind[k] = true
+	}
 	clear(o.committed)
 	clear(o.ended)
 	for _, stop := range o.stops {
@@ -120,4 +126,14 @@ func (o *Offsets) verify(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// rewound takes the mark of topic's partition p set by lostLocked.
+func (o *Offsets) rewound(topic string, p int32) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := claimKey{topic, p}
+	marked := o.rewind[k]
+	delete(o.rewind, k)
+	return marked
 }

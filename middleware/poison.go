@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
@@ -57,6 +58,10 @@ type PoisonConfig struct {
 	// OnDeadLetter, if set, is called once for every dead-lettered message (for
 	// catalog_promotion_dlq_total and its alert).
 	OnDeadLetter func(msg *message.Message, p *Permanent)
+	// Fits reports whether a dead letter fits the DLQ topic
+	// (kafkakit.RecordLimit.Fits); one that does not is dead-lettered by
+	// reference. Defaults to every dead letter fitting.
+	Fits func(dlq *message.Message) bool
 }
 
 // topicName is what Kafka accepts as a topic name.
@@ -74,6 +79,9 @@ func (c PoisonConfig) Validate() error {
 func (c *PoisonConfig) setDefaults() {
 	c.Topic = cmp.Or(c.Topic, DLQTopicDefault)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
+	if c.Fits == nil {
+		c.Fits = func(*message.Message) bool { return true }
+	}
 }
 
 // PoisonQueue publishes a message whose handler failed with a *Permanent error
@@ -81,6 +89,10 @@ func (c *PoisonConfig) setDefaults() {
 // has the same UUID, the original payload bytes and all original metadata, plus
 // x-dlq-reason, x-dlq-error-code, x-source-topic, x-original-partition and
 // x-original-offset (the last two when the message came from watermill-kafka).
+// A dead letter that does not fit the DLQ (Fits, or the broker refuses its
+// size) goes by reference: no value, and x-dlq-by-reference,
+// x-dlq-value-size and x-dlq-value-sha256 (poison_reference.go), so that no
+// record holds its key for ever for its size.
 // If the publish fails, the error is returned (nack, redelivery): a message is
 // never dropped. Any other error passes through unchanged.
 func PoisonQueue(pub message.Publisher, cfg PoisonConfig) (message.HandlerMiddleware, error) {
@@ -103,8 +115,12 @@ func PoisonQueue(pub message.Publisher, cfg PoisonConfig) (message.HandlerMiddle
 				return out, err
 			}
 			dlq, attrs := cfg.deadLetter(msg, perm)
-			if err := cfg.publish(pub, msg, dlq); err != nil {
+			byRef, err := cfg.send(pub, msg, dlq)
+			if err != nil {
 				return nil, err
+			}
+			if byRef {
+				attrs = append(attrs, "byReference", true, "valueBytes", len(msg.Payload))
 			}
 			cfg.Logger.ErrorContext(msg.Context(), "dead-lettered", attrs...)
 			if cfg.OnDeadLetter != nil {
@@ -113,6 +129,23 @@ func PoisonQueue(pub message.Publisher, cfg PoisonConfig) (message.HandlerMiddle
 			return nil, nil
 		}
 	}, nil
+}
+
+// send publishes dlq, or its reference when it does not fit the DLQ (the
+// broker may have a lower limit than the one read at start), and reports
+// whether it sent the reference.
+func (c PoisonConfig) send(pub message.Publisher, msg, dlq *message.Message) (byRef bool, err error) {
+	if c.Fits(dlq) {
+		err = c.publish(pub, msg, dlq)
+		if !errors.Is(err, sarama.ErrMessageSizeTooLarge) {
+			return false, err
+		}
+	}
+	ref, err := byReference(msg, dlq, c.Fits)
+	if err != nil {
+		return false, err
+	}
+	return true, c.publish(pub, msg, ref)
 }
 
 // publish writes dlq under a span of its own in the trace of msg. The dead

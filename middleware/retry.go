@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/lib/pq"
 
 	"github.com/promoflow/promoflow/handlers/event"
 )
@@ -25,9 +25,13 @@ const (
 	CodeConflictExhausted = "conflict_exhausted"
 	// CodeSQLRejected is an error PostgreSQL raised for the data or the
 	// statement itself, SQLSTATE class 22 (data exception), 23 (integrity
-	// constraint violation) or 42 (syntax error or access rule violation):
-	// every re-run of the message raises it again.
+	// constraint violation), 42 (syntax error or access rule violation) or
+	// 54 (program limit exceeded): every re-run of the message raises it again.
 	CodeSQLRejected = "sql_rejected"
+	// CodeStuckRecord is an error the classes do not name that kept failing
+	// one record past RetryConfig's UnnamedAttempts and UnnamedAfter while
+	// other records of the process succeeded.
+	CodeStuckRecord = "stuck_record"
 )
 
 // Retry kinds passed to RetryConfig.OnRetry and logged as "kind".
@@ -66,6 +70,13 @@ const (
 	RetryMultiplierDefault = 2.0
 	// RetryConflictRetriesDefault is how many immediate re-runs a conflict gets.
 	RetryConflictRetriesDefault = 3
+	// RetryUnnamedAttemptsDefault is how many failures of an unnamed error
+	// a record gets before it can be dead-lettered.
+	RetryUnnamedAttemptsDefault = 10
+	// RetryUnnamedAfterDefault is how long an unnamed error must keep
+	// failing a record before it can be dead-lettered: with the default
+	// backoff, about the ten attempts of RetryUnnamedAttemptsDefault.
+	RetryUnnamedAfterDefault = 5 * time.Minute
 )
 
 // RetryConfig configures Retry.
@@ -86,6 +97,14 @@ type RetryConfig struct {
 	MaxInterval time.Duration
 	// Multiplier grows the wait after each infrastructure retry. Defaults to 2.
 	Multiplier float64
+	// UnnamedAttempts and UnnamedAfter bound an error the classes do not
+	// name: once it has failed one record that many times over that long,
+	// while another record of the process succeeded since its first
+	// failure, the record is dead-lettered (CodeStuckRecord). Default 10
+	// attempts and 5m; both must be passed.
+	UnnamedAttempts int
+	// UnnamedAfter: see UnnamedAttempts.
+	UnnamedAfter time.Duration
 	// Close, when closed, stops an infrastructure retry like the end of the
 	// message context does. Optional.
 	Close <-chan struct{}
@@ -123,6 +142,9 @@ func (c RetryConfig) Validate() error {
 	if c.Multiplier < 1 {
 		errs = append(errs, errors.New("multiplier must be >= 1"))
 	}
+	if c.UnnamedAttempts < 1 || c.UnnamedAfter < 0 {
+		errs = append(errs, errors.New("unnamed attempts must be >= 1 and unnamed after >= 0"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -133,29 +155,33 @@ func (c *RetryConfig) setDefaults() {
 	c.InitialInterval = cmp.Or(c.InitialInterval, RetryInitialIntervalDefault)
 	c.MaxInterval = cmp.Or(c.MaxInterval, RetryMaxIntervalDefault)
 	c.Multiplier = cmp.Or(c.Multiplier, RetryMultiplierDefault)
+	c.UnnamedAttempts = cmp.Or(c.UnnamedAttempts, RetryUnnamedAttemptsDefault)
+	c.UnnamedAfter = cmp.Or(c.UnnamedAfter, RetryUnnamedAfterDefault)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 }
 
-// Retry classifies the inner chain's errors by type and re-runs it:
+// Retry re-runs the inner chain by the class of its error (Classify; the
+// table is in the package documentation):
 //   - an error of a message whose context ended (shutdown) is returned as it
 //     is, to nack the message, and one whose partition was revoked yields
 //     (see RetryConfig.Session), whatever the error: neither is classified,
 //     so nothing is dead-lettered for a message whose offset will not be
 //     committed;
 //   - a *Permanent passes through;
-//   - an *event.ContractError becomes Permanent{Code: CodeContractViolation} at once,
-//     and an *event.KeyError Permanent{Code: CodeKeyMismatch};
-//   - a PostgreSQL error of SQLSTATE class 22, 23 or 42 (the data or the
-//     statement, not the server) becomes Permanent{Code: CodeSQLRejected} at
-//     once: a re-run raises it again, and would stall the partition for ever
-//     (a missing privilege, table or column is the environment: it retries);
-//   - a conflict (IsConflict) is re-run immediately up to ConflictRetries times,
-//     each in a fresh transaction of the unit of work inside, then becomes
-//     Permanent{Code: CodeConflictExhausted};
-//   - anything else is infrastructure: it is re-run with exponential backoff
-//     without end and never becomes Permanent. The message stays in flight,
+//   - ClassRecord becomes Permanent at once, with the class's code;
+//   - a conflict (IsConflict) is re-run immediately up to ConflictRetries
+//     times, each in a fresh transaction of the unit of work inside; then a
+//     conflict of a named class (a deadlock, a lock timeout) backs off like
+//     its class, and any other becomes Permanent{Code: CodeConflictExhausted};
+//   - ClassTransient and ClassSystemic are re-run with exponential backoff
+//     without end and never become Permanent. The message stays in flight,
 //     which pauses its partition. When the message context ends or Close is
-//     closed, the last error is returned so the message is nacked, not dead-lettered.
+//     closed, the last error is returned so the message is nacked, not
+//     dead-lettered;
+//   - ClassUnnamed backs off the same way until UnnamedAttempts and
+//     UnnamedAfter are both passed while another record succeeded since its
+//     first failure; then it is Permanent{Code: CodeStuckRecord}. An error
+//     that fails every record (nothing succeeds) is never dead-lettered.
 //
 // When the partition is revoked (see RetryConfig.Session), no retry outlives
 // it: Retry yields, and data correctness rests, as ever, on dedup and the
@@ -165,14 +191,19 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("retry config: %w", err)
 	}
+	// When a record of the process last succeeded: an unnamed error that
+	// fails one record while others pass is that record's.
+	var lastSuccess atomic.Int64
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			sess := cfg.session(msg)
-			conflicts, infra := 0, 0
+			conflicts, infra, unnamed := 0, 0, 0
+			var first time.Time // of the first unnamed failure
 			delay := cfg.InitialInterval
 			for {
 				out, err := attempt(h, msg, sess)
 				if err == nil {
+					lastSuccess.Store(time.Now().UnixNano())
 					return out, nil
 				}
 				// Before any classification: the offset of a message whose
@@ -191,32 +222,45 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 				if errors.As(err, &perm) {
 					return nil, err
 				}
-				var contract *event.ContractError
-				if errors.As(err, &contract) {
-					return nil, &Permanent{Code: CodeContractViolation, Reason: contract.Error(), Err: err}
-				}
-				var key *event.KeyError
-				if errors.As(err, &key) {
-					return nil, &Permanent{Code: CodeKeyMismatch, Reason: key.Error(), Err: err}
-				}
-				if rejected, ok := rejectedSQL(err); ok {
-					return nil, &Permanent{Code: CodeSQLRejected, Reason: rejected, Err: err}
+				f := Classify(err)
+				if f.Class == ClassRecord {
+					return nil, &Permanent{Code: f.Code, Reason: f.Reason, Err: err}
 				}
 				if cfg.IsConflict(err) {
-					if conflicts >= cfg.ConflictRetries {
+					if conflicts < cfg.ConflictRetries {
+						conflicts++
+						cfg.retrying(msg, RetryConflict, f.Class, conflicts, 0, err)
+						continue
+					}
+					// A deadlock or a lock timeout outlives its re-reads
+					// under load, and is no fault of the record: it backs
+					// off. A conflict the table does not name is the
+					// seed's optimistic-lock conflict.
+					if f.Class == ClassUnnamed {
 						return nil, &Permanent{
 							Code:   CodeConflictExhausted,
 							Reason: fmt.Sprintf("optimistic-lock conflict after %d retries: %v", conflicts, err),
 							Err:    err,
 						}
 					}
-					conflicts++
-					cfg.retrying(msg, RetryConflict, conflicts, 0, err)
-					continue
+				}
+				if f.Class == ClassUnnamed {
+					if first.IsZero() {
+						first = time.Now()
+					}
+					unnamed++
+					if cfg.stuck(unnamed, first, lastSuccess.Load()) {
+						return nil, &Permanent{
+							Code: CodeStuckRecord,
+							Reason: fmt.Sprintf("failed %d times over %s while other records succeeded: %v",
+								unnamed, time.Since(first).Round(time.Second), err),
+							Err: err,
+						}
+					}
 				}
 
 				infra++
-				cfg.retrying(msg, RetryInfrastructure, infra, delay, err)
+				cfg.retrying(msg, RetryInfrastructure, f.Class, infra, delay, err)
 				timer := time.NewTimer(delay)
 				select {
 				case <-timer.C:
@@ -234,32 +278,6 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 			}
 		}
 	}, nil
-}
-
-// rejectedSQL describes the PostgreSQL error in err's chain that a re-run
-// would raise again: SQLSTATE class 22 (data exception), 23 (integrity
-// constraint violation) or 42 (syntax error or access rule violation). A
-// connection error, a server going away or a timeout (classes 08, 53, 57, ...)
-// is not one: it clears by itself. Nor is a missing privilege or object
-// (42501, 42P01, 42703, 42704, 42883): that is the database the process was
-// given (a role without a grant, a migration not applied yet), the same for
-// every message, cleared by an operator without a change of code; dead-
-// lettering it would send every event to the DLQ, so it retries, pausing the
-// partition, and the lag alert pages.
-func rejectedSQL(err error) (string, bool) {
-	var pqErr *pq.Error
-	if !errors.As(err, &pqErr) {
-		return "", false
-	}
-	switch pqErr.Code {
-	case "42501", "42P01", "42703", "42704", "42883":
-		return "", false
-	}
-	switch pqErr.Code.Class() {
-	case "22", "23", "42":
-		return fmt.Sprintf("SQLSTATE %s (%s): %s", pqErr.Code, pqErr.Code.Name(), pqErr.Message), true
-	}
-	return "", false
 }
 
 // attempt runs the chain once, on a context that also ends with the session.
@@ -296,11 +314,18 @@ func (c RetryConfig) yield(msg *message.Message, err error) ([]*message.Message,
 	return nil, nil
 }
 
-func (c RetryConfig) retrying(msg *message.Message, kind string, attempt int, delay time.Duration, err error) {
+// stuck reports whether an unnamed error, failed times since first, is its
+// record's: past both bounds, and another record succeeded since first.
+func (c RetryConfig) stuck(failed int, first time.Time, lastSuccess int64) bool {
+	return failed >= c.UnnamedAttempts && time.Since(first) >= c.UnnamedAfter && lastSuccess > first.UnixNano()
+}
+
+func (c RetryConfig) retrying(msg *message.Message, kind string, class Class, attempt int, delay time.Duration, err error) {
 	c.Logger.WarnContext(msg.Context(), "retrying",
 		"MessageId", msg.UUID,
 		"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID),
 		"kind", kind,
+		"class", class.String(),
 		"attempt", attempt,
 		"delay", delay,
 		"error", err.Error())

@@ -1,7 +1,6 @@
 package middleware_test
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -15,15 +14,17 @@ import (
 )
 
 // TestRetry_DeterministicSQLErrorIsPermanent: an error PostgreSQL raises for
-// the data or the statement itself (SQLSTATE class 22, 23 or 42) fails the
+// the data or the statement itself (SQLSTATE class 22, 23, 42 or 54) fails the
 // same way on every re-run: it goes to the DLQ with its own error code
 // instead of stalling its partition for ever. A connection or server error,
 // and a missing table or privilege (the environment, the same for every
-// message), still retry without end, and a conflict gets its re-runs as before.
+// message), still retry without end, and a deadlock gets its re-runs, then
+// backs off.
 func TestRetry_DeterministicSQLErrorIsPermanent(t *testing.T) {
 	t.Parallel()
 	db := pgtest.DB(t)
-	_, err := db.Exec(`CREATE TABLE mwtest_unique (id int PRIMARY KEY); INSERT INTO mwtest_unique VALUES (1)`)
+	_, err := db.Exec(`CREATE TABLE mwtest_unique (id int PRIMARY KEY); INSERT INTO mwtest_unique VALUES (1);
+		CREATE TABLE mwtest_indexed (v text); CREATE INDEX ON mwtest_indexed (v)`)
 	require.NoError(t, err)
 	_, err = db.Exec(`DO $$ BEGIN CREATE ROLE mwtest_nobody; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
 	require.NoError(t, err)
@@ -42,6 +43,9 @@ func TestRetry_DeterministicSQLErrorIsPermanent(t *testing.T) {
 		{"data exception", "22012", func() error { return exec(db, `SELECT 1 / 0`) }},
 		{"integrity violation", "23505", func() error { return exec(db, `INSERT INTO mwtest_unique VALUES (1)`) }},
 		{"syntax or access", "42804", func() error { return exec(db, `SELECT * FROM mwtest_unique WHERE id`) }},
+		{"program limit", "54000", func() error { // an index row too large
+			return exec(db, `INSERT INTO mwtest_indexed SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300)`)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stop := make(chan struct{})
@@ -103,16 +107,26 @@ func TestRetry_DeterministicSQLErrorIsPermanent(t *testing.T) {
 		})
 	}
 
-	t.Run("conflict", func(t *testing.T) {
-		b := setupRetry(t, middleware.RetryConfig{}, func(int) error {
-			return fmt.Errorf("apply contributions: %w: %w", errConflict, &pq.Error{Code: "40P01"})
-		})
+	t.Run("deadlock outlives its re-reads", func(t *testing.T) {
+		const failures = middleware.RetryConflictRetriesDefault + 2
+		b := setupRetry(t, middleware.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
+			func(call int) error {
+				if call <= failures {
+					return fmt.Errorf("apply contributions: %w: %w", errConflict, &pq.Error{Code: "40P01"})
+				}
+				return nil
+			})
 
-		_, err := b.retry(newMessage(t))
+		_, err := b.deadLettering(newMessage(t))
 
-		var perm *middleware.Permanent
-		require.True(t, errors.As(err, &perm))
-		require.Equal(t, middleware.CodeConflictExhausted, perm.Code)
-		require.EqualValues(t, 1+middleware.RetryConflictRetriesDefault, b.calls.Load())
+		require.NoError(t, err, "a deadlock is contention, never the record's fault")
+		require.EqualValues(t, failures+1, b.calls.Load())
+		require.Empty(t, b.dlq.published())
+		var kinds []string
+		for _, r := range b.retried() {
+			kinds = append(kinds, r.kind)
+		}
+		require.Equal(t, []string{middleware.RetryConflict, middleware.RetryConflict, middleware.RetryConflict,
+			middleware.RetryInfrastructure, middleware.RetryInfrastructure}, kinds, "re-reads first, then backoff")
 	})
 }

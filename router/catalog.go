@@ -52,6 +52,13 @@ type CatalogConfig struct {
 	// RetryInitial and RetryMax bound the infrastructure backoff. Default 1s
 	// and 60s (middleware.RetryInitialIntervalDefault, RetryMaxIntervalDefault).
 	RetryInitial, RetryMax time.Duration
+	// RetryUnnamedAttempts and RetryUnnamedAfter bound an error of no class
+	// that fails one record while others succeed, before it is dead-lettered
+	// as stuck_record. Default 10 and 5m (middleware.RetryUnnamedAttemptsDefault,
+	// RetryUnnamedAfterDefault).
+	RetryUnnamedAttempts int
+	// RetryUnnamedAfter: see RetryUnnamedAttempts.
+	RetryUnnamedAfter time.Duration
 	// DedupRetention is how long dedup keys are kept. Defaults to 7 days.
 	DedupRetention time.Duration
 	// JanitorInterval is the time between dedup key cleanups. Defaults to 1h.
@@ -91,6 +98,9 @@ func (c CatalogConfig) Validate() error {
 	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
 		errs = append(errs, errors.New("retry intervals must be positive with max >= initial"))
 	}
+	if c.RetryUnnamedAttempts < 1 || c.RetryUnnamedAfter < 0 {
+		errs = append(errs, errors.New("retry of unnamed errors: attempts must be >= 1 and the time >= 0"))
+	}
 	if c.MaxBatch < 1 || c.Workers < 1 || c.MaxLocks < 1 {
 		errs = append(errs, errors.New("consumer max batch, workers and max locks must be positive"))
 	}
@@ -113,6 +123,8 @@ func (c *CatalogConfig) setDefaults() {
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, CatalogConsumerGroup)
 	c.RetryInitial = cmp.Or(c.RetryInitial, middleware.RetryInitialIntervalDefault)
 	c.RetryMax = cmp.Or(c.RetryMax, middleware.RetryMaxIntervalDefault)
+	c.RetryUnnamedAttempts = cmp.Or(c.RetryUnnamedAttempts, middleware.RetryUnnamedAttemptsDefault)
+	c.RetryUnnamedAfter = cmp.Or(c.RetryUnnamedAfter, middleware.RetryUnnamedAfterDefault)
 	c.DedupRetention = cmp.Or(c.DedupRetention, DedupRetentionDefault)
 	c.JanitorInterval = cmp.Or(c.JanitorInterval, DedupJanitorIntervalDefault)
 	c.AuditInterval = cmp.Or(c.AuditInterval, AuditIntervalDefault)
@@ -149,6 +161,8 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	claims := middleware.NewClaims()
 	// The consumer's offsets live with its projection (middleware/offsets.go).
 	offsets := middleware.NewOffsets(db, log)
+	// A stuck record fails at least once per longest backoff.
+	m.Stuck.SetExpiry(cfg.RetryMax * 5 / 2)
 	mw, err := newCatalogMiddlewares(db, m, log, cfg, claims, offsets)
 	if err != nil {
 		return nil, err
@@ -159,14 +173,20 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		log.Warn("catalog.promotions.enabled is false: not subscribing; the topic keeps the events")
 		return c, nil
 	}
-	dlq, err := newDLQPublisher(cfg.Kafka, wlog)
+	parks := &middleware.Parks{DB: db, Log: log}
+	dlq, dlqLimit, err := newDLQPublisher(cfg.Kafka, cfg.DLQTopic, wlog)
 	if err != nil {
 		return nil, err
 	}
 	c.closers = append(c.closers, dlq.Close)
 	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{
-		Topic: cfg.DLQTopic, Logger: log,
-		OnDeadLetter: func(*message.Message, *middleware.Permanent) { m.DLQ.Inc() },
+		Topic: cfg.DLQTopic, Logger: log, Fits: dlqLimit.Fits,
+		OnDeadLetter: func(msg *message.Message, p *middleware.Permanent) {
+			m.DLQ.Inc()
+			if p.Code == middleware.CodeParked {
+				parks.Done(msg)
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -179,6 +199,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 		m.lag.Middleware,
 		poison,
 		mw.retry,
+		parks.Middleware,
 		mw.contractVersion,
 		mw.process,
 	}
@@ -216,7 +237,11 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 	retry, err := middleware.Retry(middleware.RetryConfig{
 		IsConflict:      func(err error) bool { return errors.Is(err, boost.ErrConflict) },
 		InitialInterval: cfg.RetryInitial, MaxInterval: cfg.RetryMax, Logger: log,
-		OnRetry: func(*message.Message, string, int, time.Duration, error) { m.Retries.Inc() },
+		UnnamedAttempts: cfg.RetryUnnamedAttempts, UnnamedAfter: cfg.RetryUnnamedAfter,
+		OnRetry: func(msg *message.Message, _ string, _ int, _ time.Duration, err error) {
+			m.Retries.Inc()
+			m.Stuck.Failed(db, msg, err)
+		},
 		Session: claims.Session,
 	})
 	if err != nil {
@@ -254,16 +279,14 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 
 // newDLQPublisher writes dead letters under their record's key, so that the
 // dead letters of one purchase share a partition and a replay keeps their order.
-func newDLQPublisher(cluster kafkakit.Cluster, wlog watermillLogger) (*kafka.Publisher, error) {
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               cluster.Brokers,
-		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
-		OverwriteSaramaConfig: cluster.DurableProducerConfig("promoflow-catalog-dlq"),
-	}, wlog)
+// It sends no record larger than the DLQ topic takes (limit.Fits).
+func newDLQPublisher(cluster kafkakit.Cluster, topic string, wlog watermillLogger) (*kafka.Publisher, kafkakit.RecordLimit, error) {
+	pub, limit, err := cluster.NewLimitedPublisher(context.Background(), topic, "promoflow-catalog-dlq",
+		kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey}, wlog)
 	if err != nil {
-		return nil, fmt.Errorf("dlq publisher: %w", err)
+		return nil, limit, fmt.Errorf("dlq: %w", err)
 	}
-	return pub, nil
+	return pub, limit, nil
 }
 
 // Ready reports whether the consumer runs (or is switched off by the flag).

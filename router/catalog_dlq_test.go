@@ -40,3 +40,25 @@ func TestCatalog_MalformedRecordGoesToDLQWithHeadersWhileThePartitionFlows(t *te
 	require.NotEmpty(t, kafkatest.Header(rec, middleware.HeaderOriginalPartition))
 	require.Equal(t, 1.0, testutil.ToFloat64(b.Metrics.DLQ))
 }
+
+// TestCatalog_TombstoneIsANoOpCounted: a record with a null value (a
+// producer's delete marker) under a purchase's key changes nothing, goes to
+// no DLQ, is counted, and the valid record after it on its key applies.
+func TestCatalog_TombstoneIsANoOpCounted(t *testing.T) {
+	b := setupCatalog(t, true)
+	project := uuid.New()
+	b.ProjectCard(t, project)
+	b.Start(t)
+
+	ev := catalogtest.PurchaseEvent(event.StatusActive, 1, 10, catalogtest.Target(event.TargetProject, project))
+	p, err := sarama.NewSyncProducer(kafkatest.Brokers(t), kafkatest.Cluster(t).DurableProducerConfig("test"))
+	require.NoError(t, err)
+	defer p.Close()
+	_, _, err = p.SendMessage(&sarama.ProducerMessage{Topic: b.Cfg.Topic, Key: sarama.StringEncoder(ev.PurchaseId.String()),
+		Headers: []sarama.RecordHeader{{Key: []byte("_watermill_message_uuid"), Value: []byte(uuid.NewString())}}})
+	require.NoError(t, err)
+	b.Produce(t, ev)
+	b.WaitBoost(t, event.TargetProject, project, 10)
+	require.Equal(t, 1.0, testutil.ToFloat64(b.Metrics.Consumed.WithLabelValues("tombstone")))
+	require.Zero(t, testutil.ToFloat64(b.Metrics.DLQ), "a tombstone is no dead letter")
+}

@@ -28,6 +28,15 @@ type unitOfWork = middleware.GroupCommit[event.PurchaseChanged, boost.Outcome]
 func consume(m *CatalogMetrics, log *slog.Logger, uow *unitOfWork) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		start := time.Now()
+		if len(msg.Payload) == 0 {
+			// A tombstone (a null value) is no purchase change: the contract
+			// makes it a no-op, counted, so that a producer's delete marker
+			// neither stalls the partition nor reaches the DLQ.
+			m.Consumed.WithLabelValues(outcomeTombstone).Inc()
+			key, _ := kafkakit.KeyOf(msg)
+			log.Warn("skipped-tombstone", "MessageId", msg.UUID, "key", string(key))
+			return nil
+		}
 		ev, err := event.Parse(msg.Payload)
 		if err != nil {
 			return err

@@ -169,18 +169,20 @@ func TestCatalog_OffsetRowCommitsOrRollsBackWithTheProjection(t *testing.T) {
 // the database lost: every card equals a recompute from every event.
 func TestCatalog_RunningConsumerReplaysWhatItsDatabaseLost(t *testing.T) {
 	t.Parallel()
-	for name, after := range map[string]int{"traffic after the failover": 30, "quiet after the failover": 0} {
+	for name, n := range map[string]struct{ before, after int }{"traffic after the failover": {24, 30},
+		"quiet after the failover": {24, 0}, "no offsets stored before the failover": {0, 30}} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			replaysWhatTheDatabaseLost(t, after)
+			replaysWhatTheDatabaseLost(t, n.before, n.after)
 		})
 	}
 }
 
 // replaysWhatTheDatabaseLost runs the failover of
-// TestCatalog_RunningConsumerReplaysWhatItsDatabaseLost, with after events
-// produced once the standby took over.
-func replaysWhatTheDatabaseLost(t *testing.T, after int) {
+// TestCatalog_RunningConsumerReplaysWhatItsDatabaseLost, with before events
+// applied on both servers and after events produced once the standby took
+// over.
+func replaysWhatTheDatabaseLost(t *testing.T, before, after int) {
 	primary := pgtest.StartServer(t, pgtest.ServerOptions{})
 	proxy, err := nettest.NewProxy("127.0.0.1:0", fmt.Sprintf("%s:%d", primary.Host, primary.Port))
 	require.NoError(t, err)
@@ -200,7 +202,7 @@ func replaysWhatTheDatabaseLost(t *testing.T, after int) {
 		last[ev.PurchaseId] = ev
 	}
 	expected := func() map[uuid.UUID]int { return boostsOf(cards, last) }
-	for i := range 24 {
+	for i := range before {
 		produce(catalogtest.PurchaseEvent(event.StatusActive, 1, 1+i%7, catalogtest.Target(event.TargetProject, cards[i%len(cards)])))
 	}
 	require.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), expected()) }, 30*time.Second, 20*time.Millisecond,
@@ -215,6 +217,9 @@ func replaysWhatTheDatabaseLost(t *testing.T, after int) {
 			ev.Status = event.StatusCancelled
 		}
 		produce(ev)
+	}
+	for i := range 12 {
+		produce(catalogtest.PurchaseEvent(event.StatusActive, 1, 20+i, catalogtest.Target(event.TargetProject, cards[i%len(cards)])))
 	}
 	require.Eventually(t, func() bool { return equalBoosts(b.CardBoosts(t), expected()) }, 30*time.Second, 20*time.Millisecond,
 		"the consumer applies the later events on the primary")

@@ -32,6 +32,9 @@ type CatalogMetrics struct {
 	// ReadAheadBytes is what the consumer has fetched and not yet handled,
 	// as its read-ahead counts it (ConsumerBuffers.ReadAheadBytes).
 	ReadAheadBytes prometheus.Gauge
+	// Stuck tracks the record each partition keeps failing on
+	// (catalog_promotion_partition_stuck_seconds).
+	Stuck *middleware.Stuck
 	// lag feeds Lag; its middleware goes outermost in the consumer chain.
 	lag *middleware.Lag
 }
@@ -42,6 +45,7 @@ const (
 	outcomeStale     = "stale"
 	outcomeDuplicate = "duplicate"
 	outcomePostOnly  = "post_only"
+	outcomeTombstone = "tombstone"
 )
 
 // NewCatalogMetrics registers the series on reg.
@@ -65,14 +69,16 @@ func NewCatalogMetrics(reg prometheus.Registerer) (*CatalogMetrics, error) {
 		Retries:          r.counter("catalog_promotion_retries_total", "Retries of an event after an infrastructure error or a conflict."),
 		DLQ:              r.counter("catalog_promotion_dlq_total", "Events sent to pin.catalog.promotion-boost-dlq.v1."),
 		ContractMismatch: r.counter("catalog_promotion_contract_mismatch_total", "Events with an unexpected contract version (processed anyway)."),
-		Consumed: r.counterVec("catalog_promotion_consumed_total", "Events consumed, by outcome (applied, stale, duplicate, post_only).",
-			"outcome", outcomeApplied, outcomeStale, outcomeDuplicate, outcomePostOnly),
+		Consumed: r.counterVec("catalog_promotion_consumed_total", "Events consumed, by outcome (applied, stale, duplicate, post_only, tombstone).",
+			"outcome", outcomeApplied, outcomeStale, outcomeDuplicate, outcomePostOnly, outcomeTombstone),
 		DedupCleaned: r.counter("catalog_promotion_dedup_keys_cleaned_total", "Dedup marks, and dedup keys of the previous format, deleted after their retention."),
 		DriftCards:   r.gauge("catalog_promotion_drift_cards", "Cards whose PromotionBoost differs from the replica's sum at the last audit."),
 		GroupSessions: r.counter("catalog_promotion_group_sessions_total",
 			"Consumer-group sessions on the purchase topic this process started: one at its first join, one per rebalance."),
 		ReadAheadBytes: r.gauge("catalog_promotion_read_ahead_bytes",
 			"Bytes of records fetched and not yet handled, counted as the read-ahead budget counts them (key, value, headers and 1 KiB each)."),
+		Stuck: middleware.NewStuck(0),
 	}
+	r.register(newStuckCollector(m.Stuck), "catalog_promotion_partition_stuck_seconds")
 	return m, r.err
 }

@@ -29,6 +29,20 @@ FUZZTIME=${PROMOFLOW_FUZZTIME:-200000x}
 FUZZMINIMIZETIME=${PROMOFLOW_FUZZMINIMIZETIME:-5s}
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
+
+# Per-step wall times, printed with the summary ("steps: ...").
+STEPS=()
+STEP=""
+STEP_T0=$SECONDS
+step() {
+	if [[ -n $STEP ]]; then
+		local took=$((SECONDS - STEP_T0))
+		STEPS+=("$STEP $((took / 60))m$((took % 60))s")
+	fi
+	STEP=$1
+	STEP_T0=$SECONDS
+}
+step toolchain
 die() { printf 'test.sh: ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ toolchain
@@ -52,6 +66,7 @@ log "go mod download"
 go mod download
 
 # ---------------------------------------------------------------------- stack
+step stack
 
 # Services this run started, stopped again on exit. Whatever already ran
 # before (e.g. a developer's stack) is left running.
@@ -99,6 +114,7 @@ export PROMOFLOW_KAFKA_LIBS
 
 # ---------------------------------------------------------------------- tests
 
+step "vet, rules, tools"
 vet_rc=0
 log "go vet ./..."
 go vet ./... || vet_rc=$?
@@ -128,6 +144,7 @@ fi
 PROMOFLOW_HELM=$(bash "$ROOT/scripts/helm.sh") || die "cannot build helm (scripts/helm.sh)"
 export PROMOFLOW_HELM
 
+step "go test"
 test_rc=0
 test_out=$(mktemp)
 trap 'rm -f "$test_out"; stop_started' EXIT
@@ -144,6 +161,7 @@ tests_skipped=$(grep -cE '^--- SKIP: ' "$test_out" || true)
 # Every benchmark once, in its short form (-short): they print their figures
 # and the ratio to their same-run baseline, and assert no timing; one fails
 # only when its work does not complete, and then counts as a go test failure.
+step benchmarks
 bench_out=$(mktemp)
 log "go test -short -bench . -benchtime 1x ./handlers/... ./router/ (benchmark figures)"
 if ! go test -short -count=1 -run '^$' -bench . -benchtime 1x ./handlers/... ./router/ </dev/null >"$bench_out" 2>&1; then
@@ -167,6 +185,7 @@ find_fuzz_targets() {
 		done
 }
 
+step fuzz
 fuzz_total=0
 fuzz_failed=()
 while read -r pkg name; do
@@ -180,6 +199,7 @@ while read -r pkg name; do
 done < <(find_fuzz_targets)
 
 # Both APIs against an independent fuzzer, on the same stack.
+step "api fuzz"
 apifuzz_rc=0
 apifuzz_note="skipped (PROMOFLOW_SKIP_APIFUZZ=1)"
 if [[ ${PROMOFLOW_SKIP_APIFUZZ:-0} != 1 ]]; then
@@ -196,6 +216,7 @@ fi
 stop_started
 STARTED=()
 
+step faults
 faults_rc=0
 faults_note="skipped (PROMOFLOW_SKIP_FAULTS=1)"
 if [[ ${PROMOFLOW_SKIP_FAULTS:-0} != 1 ]]; then
@@ -208,6 +229,7 @@ if [[ ${PROMOFLOW_SKIP_FAULTS:-0} != 1 ]]; then
 fi
 
 # -------------------------------------------------------------------- summary
+step ""
 
 rc=0
 if ((test_rc != 0)); then
@@ -228,6 +250,8 @@ rules_note=ok
 ((rules_rc == 0)) || rules_note=FAILED
 echo "test.sh: $verdict: go vet $vet_note; alert rules $rules_note; go test $test_note; fuzz $fuzz_note; api fuzz $apifuzz_note; faults $faults_note; stack: $STACK_NOTE"
 echo "packages: $pkgs_ok ok, $pkgs_failed failed"
+steps=$(printf '%s, ' "${STEPS[@]}")
+echo "steps: ${steps%, }; total $((SECONDS / 60))m$((SECONDS % 60))s"
 # Closing line in the plain "N passed, N failed" form, counting top-level tests.
 echo "tests: $tests_ok passed, $tests_failed failed, $tests_skipped skipped"
 exit "$rc"

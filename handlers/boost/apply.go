@@ -18,9 +18,9 @@ import (
 )
 
 // ErrConflict is a transient clash with concurrent writers: a serialization
-// failure, a deadlock, a lock timeout or a full lock table. The caller rolls
-// back, re-reads and retries (seed: 3 immediate retries, then the DLQ, from
-// which a replay is safe).
+// failure, a deadlock or a lock timeout. The caller rolls back, re-reads and
+// retries (seed: 3 immediate retries; the consumer's retry classes decide
+// what follows, see package middleware).
 var ErrConflict = errors.New("concurrent update conflict")
 
 // Outcome is what applying one event did.
@@ -54,10 +54,12 @@ func Apply(ctx context.Context, tx *sqlx.Tx, ev event.PurchaseChanged) (Outcome,
 // the active {Project, card.project_id} ones: a Project target cascades to its
 // project's published objects only. ApplyBatch keeps these sums by deltas: a
 // contribution whose state changes adds new − old (weight while active, else
-// 0) to the cards it addresses. The deltas of the whole batch are summed per
-// card and written by one statement, after one statement of advisory locks
-// and one of card-row locks (lock.go), whatever the number of events,
-// contributions or cards. A card that does not exist yet is
+// 0) to the cards it addresses. An event is the purchase's full state: a
+// stored contribution on a target it no longer names is deleted, and its
+// weight taken off the cards it addressed. The deltas of the whole batch are
+// summed per card and written by one statement, after the advisory locks
+// (lockEvents: a savepoint and two statements) and one statement of card-row
+// locks (lock.go), whatever the number of events, contributions or cards. A card that does not exist yet is
 // not an error; its contribution is kept and the card's upsert sums it.
 //
 // Two events of one purchase must not share a batch: each is guarded against
@@ -86,7 +88,7 @@ func applyBatch(ctx context.Context, q querier, evs []event.PurchaseChanged) ([]
 	}
 	// Before any read; see lock.go for the order and the races it closes.
 	l.Shared = true
-	if err := lock(ctx, q, l); err != nil {
+	if err := lockEvents(ctx, q, &l); err != nil {
 		return nil, err
 	}
 	if err := q.exec(ctx, lockCardsSQL, pq.Array(l.Projects), pq.Array(l.Objects)); err != nil {
@@ -190,8 +192,13 @@ func splitTargets(targets []event.Target) (projects, objects []string) {
 //     statement waits before its snapshot).
 //   - written: the version guard per purchase (a stale event writes nothing)
 //     and per row; a duplicate (same version and values) writes nothing.
-//   - changed: new − old active weight of each written target, zeros left
-//     out; delta sums them per target over the batch, zero sums left out.
+//   - dropped: the old rows of targets that a purchase's written event no
+//     longer names, deleted (snapshot semantics: the event replaces the
+//     purchase's whole target set); the purchase's kept or new rows carry
+//     the new version, which the version guard reads from then on.
+//   - changed: new − old active weight of each written target, and − old
+//     of each dropped one, zeros left out; delta sums them per target over
+//     the batch, zero sums left out.
 //   - projects, object_delta, objects: the writes, cards with a zero sum
 //     left out. An object's delta is its own target's plus, while
 //     published, its project's (reached through the project index).
@@ -219,11 +226,21 @@ const applySQL = `WITH ev AS (
 		JOIN ev e ON e.i = t.i JOIN stored s ON s.i = t.i
 	WHERE e.version >= s.version
 	` + upsertContributionSQL + `
+), dropped AS (
+	DELETE FROM catalog.promotion_contributions c
+	USING old o JOIN stored s ON s.purchase_id = o.purchase_id JOIN ev e ON e.i = s.i
+	WHERE c.purchase_id = o.purchase_id AND c.target_kind = o.target_kind AND c.target_id = o.target_id
+		AND e.version >= s.version
+		AND NOT EXISTS (SELECT FROM unnest($7::bigint[], $8::text[], $9::uuid[]) AS t(i, kind, id)
+			WHERE t.i = e.i AND t.kind = o.target_kind AND t.id = o.target_id)
+	RETURNING c.purchase_id, c.target_kind, c.target_id, o.weight
 ), changed AS (
 	SELECT w.purchase_id, w.target_kind AS kind, w.target_id AS id, w.weight - coalesce(o.weight, 0) AS d
 	FROM written w LEFT JOIN old o
 		ON o.purchase_id = w.purchase_id AND o.target_kind = w.target_kind AND o.target_id = w.target_id
 	WHERE w.weight <> coalesce(o.weight, 0)
+	UNION ALL
+	SELECT purchase_id, target_kind, target_id, -weight FROM dropped WHERE weight <> 0
 ), delta AS (
 	SELECT kind, id, sum(d)::integer AS d FROM changed GROUP BY kind, id HAVING sum(d) <> 0
 ), projects AS (
@@ -272,13 +289,15 @@ const upsertContributionSQL = `ON CONFLICT (purchase_id, target_kind, target_id)
 
 // wrap adds context to a database error and classifies as ErrConflict the
 // errors that a rollback and an immediate retry can clear: serialization
-// failures, deadlocks, a lock timeout (55P03, lock_not_available) and a full
-// shared lock table (53200, out of shared memory).
+// failures, deadlocks and a lock timeout (55P03, lock_not_available). A full
+// shared lock table (53200, out of shared memory) is not a clash of writers
+// but a resource of the server: it stays a plain error, which the consumer
+// retries with backoff and never dead-letters.
 func wrap(op string, err error) error {
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
 		switch pqErr.Code {
-		case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable, pqerror.OutOfMemory:
+		case pqerror.TRSerializationFailure, pqerror.TRDeadlockDetected, pqerror.LockNotAvailable:
 			return fmt.Errorf("%s: %w: %w", op, ErrConflict, err)
 		}
 	}

@@ -169,9 +169,10 @@ type Folded struct {
 
 // foldSQL folds the latest tail event of each purchase into the new replica
 // with the consumer's version guard (handlers/boost/apply.go): nothing for
-// an event older than the purchase's stored version, and per target an
-// upsert that keeps the newer row. The change of each target's active weight
-// goes into the sums.
+// an event older than the purchase's stored version, per target an upsert
+// that keeps the newer row, and the deletion of the rows of targets the
+// event no longer names (it is the purchase's full state). The change of
+// each target's active weight goes into the sums.
 func (b Build) foldSQL() string {
 	return `WITH ev AS (` + b.Tail.LatestSQL() + `), old AS (
 		SELECT c.purchase_id, c.target_kind, c.target_id, c.version, CASE WHEN c.active THEN c.boost_weight ELSE 0 END AS weight
@@ -186,11 +187,22 @@ func (b Build) foldSQL() string {
 		FROM ev e JOIN stored s ON s.purchase_id = e.purchase_id, unnest(e.target_kinds, e.target_ids) AS t(kind, id)
 		WHERE e.version >= s.version
 		` + upsertContributionSQL + `
+	), dropped AS (
+		DELETE FROM ` + b.contributions() + ` c
+		USING old o JOIN stored s ON s.purchase_id = o.purchase_id JOIN ev e ON e.purchase_id = o.purchase_id
+		WHERE c.purchase_id = o.purchase_id AND c.target_kind = o.target_kind AND c.target_id = o.target_id
+			AND e.version >= s.version
+			AND NOT EXISTS (SELECT FROM unnest(e.target_kinds, e.target_ids) AS t(kind, id)
+				WHERE t.kind = o.target_kind AND t.id = o.target_id)
+		RETURNING c.purchase_id, c.target_kind, c.target_id, o.weight
 	), delta AS (
-		SELECT w.target_kind, w.target_id, sum(w.weight - coalesce(o.weight, 0))::integer AS d
-		FROM written w LEFT JOIN old o
-			ON o.purchase_id = w.purchase_id AND o.target_kind = w.target_kind AND o.target_id = w.target_id
-		GROUP BY w.target_kind, w.target_id
+		SELECT target_kind, target_id, sum(d)::integer AS d FROM (
+			SELECT w.target_kind, w.target_id, w.weight - coalesce(o.weight, 0) AS d
+			FROM written w LEFT JOIN old o
+				ON o.purchase_id = w.purchase_id AND o.target_kind = w.target_kind AND o.target_id = w.target_id
+			UNION ALL
+			SELECT target_kind, target_id, -weight FROM dropped
+		) x GROUP BY target_kind, target_id
 	), summed AS (
 		INSERT INTO ` + b.sums() + ` AS s (target_kind, target_id, weight)
 		SELECT target_kind, target_id, d FROM delta WHERE d <> 0

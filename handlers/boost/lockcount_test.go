@@ -22,4 +22,11 @@ func TestLocks_CountsThePurchaseAndEachDistinctCardTarget(t *testing.T) {
 	require.Equal(t, 3, boost.Locks(ev), "the purchase, the project once, the object; a Post takes none")
 	ev.Targets = ev.Targets[3:]
 	require.Zero(t, boost.Locks(ev), "a Post-only event takes no lock")
+
+	ev.Targets = nil
+	for range 6_000 {
+		ev.Targets = append(ev.Targets, event.Target{TargetKind: event.TargetProject, TargetId: uuid.New()},
+			event.Target{TargetKind: event.TargetPropertyObject, TargetId: uuid.New()})
+	}
+	require.Equal(t, 1+16+16, boost.Locks(ev), "12,000 targets share 16 stripes of each kind")
 }

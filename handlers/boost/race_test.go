@@ -59,6 +59,13 @@ func projectEvent(project uuid.UUID, weight int) step {
 	}
 }
 
+// cardUpsert is the feed's upsert of a new published object of project.
+func cardUpsert(project, object uuid.UUID) step {
+	return func(ctx context.Context, tx *sqlx.Tx) error {
+		return boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(object, project, true))
+	}
+}
+
 func TestApply_TwoEventsOnOneCardSerialiseAndBothCount(t *testing.T) {
 	b := setup(t)
 	project := b.newProject(t)
@@ -73,15 +80,12 @@ func TestApply_TwoEventsOnOneCardSerialiseAndBothCount(t *testing.T) {
 	require.Equal(t, 30, b.objectBoost(t, object), "the object event counts the project event committed while it waited")
 }
 
-func TestApply_CardUpsertRacingProjectEventGetsTheBoost(t *testing.T) {
-	cardUpsert := func(project, object uuid.UUID) step {
-		return func(ctx context.Context, tx *sqlx.Tx) error {
-			return boost.UpsertPropertyObjectCardTx(ctx, tx, objectCard(object, project, true))
-		}
-	}
+// raceCardUpsert runs ev on a project and the upsert of a new published
+// object of it, in both orders, the second blocked on the first, then check.
+func raceCardUpsert(t *testing.T, ev func(project uuid.UUID) step, check func(t *testing.T, b bundle, project, object uuid.UUID)) {
 	cases := map[string]func(project, object uuid.UUID) (first, second step){
-		"event first": func(p, o uuid.UUID) (step, step) { return projectEvent(p, 10), cardUpsert(p, o) },
-		"card first":  func(p, o uuid.UUID) (step, step) { return cardUpsert(p, o), projectEvent(p, 10) },
+		"event first": func(p, o uuid.UUID) (step, step) { return ev(p), cardUpsert(p, o) },
+		"card first":  func(p, o uuid.UUID) (step, step) { return cardUpsert(p, o), ev(p) },
 	}
 	for name, order := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -89,11 +93,36 @@ func TestApply_CardUpsertRacingProjectEventGetsTheBoost(t *testing.T) {
 			project, object := b.newProject(t), uuid.New()
 			runFirst, runSecond := order(project, object)
 			interleave(t, b, runFirst, runSecond)
-
-			require.Equal(t, 10, b.projectBoost(t, project))
-			require.Equal(t, 10, b.objectBoost(t, object), "the new published object gets its project's boost")
+			check(t, b, project, object)
 		})
 	}
+}
+
+func TestApply_CardUpsertRacingProjectEventGetsTheBoost(t *testing.T) {
+	raceCardUpsert(t, func(p uuid.UUID) step { return projectEvent(p, 10) }, func(t *testing.T, b bundle, project, object uuid.UUID) {
+		require.Equal(t, 10, b.projectBoost(t, project))
+		require.Equal(t, 10, b.objectBoost(t, object), "the new published object gets its project's boost")
+	})
+}
+
+// TestApply_CardUpsertRacingWideEventGetsTheBoost: an event of more targets
+// than there are lock stripes takes its targets' stripes, not their own
+// locks; a card upsert of one of them still waits for it, or it for the
+// upsert, so the new card gets the event's boost.
+func TestApply_CardUpsertRacingWideEventGetsTheBoost(t *testing.T) {
+	wideEvent := func(project uuid.UUID) step {
+		targets := []event.Target{onProject(project)}
+		for range 40 {
+			targets = append(targets, onProject(uuid.New()), onObject(uuid.New()))
+		}
+		return func(ctx context.Context, tx *sqlx.Tx) error {
+			_, err := boost.Apply(ctx, tx, changed(uuid.New(), event.StatusActive, 10, 1, targets...))
+			return err
+		}
+	}
+	raceCardUpsert(t, wideEvent, func(t *testing.T, b bundle, _, object uuid.UUID) {
+		require.Equal(t, 10, b.objectBoost(t, object), "the new published object gets the wide event's boost")
+	})
 }
 
 func TestApply_CardLeavingProjectDuringProjectEventKeepsOnlyItsNewBoost(t *testing.T) {

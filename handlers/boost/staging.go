@@ -118,8 +118,9 @@ func (e *LostError) Error() string {
 // among equal versions, the record the consumer reads last (the greatest
 // offset of its partition; a purchase's records share a partition, by key).
 // It is the event the consumer's version guard leaves standing whatever the
-// order of the others: the replica is a function of it (a purchase's targets
-// never change: every event is a full snapshot of the purchase).
+// order of the others: the replica is a function of it alone, because every
+// event is a full snapshot of the purchase and the consumer drops the targets
+// a later version no longer names (apply.go).
 func (t EventTable) LatestSQL() string {
 	return `SELECT DISTINCT ON (purchase_id) ` + strings.Join(eventColumns, ", ") + ` FROM ` + t.String() + `
 		ORDER BY purchase_id, version DESC, part DESC, off DESC`

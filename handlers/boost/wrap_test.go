@@ -20,18 +20,18 @@ func TestWrap_DeadlockAndSerializationFailureAreErrConflict(t *testing.T) {
 	}
 }
 
-func TestWrap_LockTimeoutAndFullLockTableAreErrConflict(t *testing.T) {
-	// 55P03 lock_not_available (lock_timeout), 53200 out of shared memory:
-	// a retry can pass once other transactions release their locks, and the
-	// event, if it cannot, goes to the DLQ from which a replay is safe.
-	for _, code := range []pqerror.Code{pqerror.LockNotAvailable, pqerror.OutOfMemory} {
+func TestWrap_LockTimeoutIsErrConflictAndFullLockTableIsNot(t *testing.T) {
+	// 55P03 lock_not_available (lock_timeout): a re-read can pass once the
+	// other writer commits. 53200 out of shared memory is the server's
+	// resource, not a clash: the consumer backs off and never dead-letters it.
+	for _, code := range []pqerror.Code{pqerror.LockNotAvailable} {
 		err := wrap("take advisory locks", fmt.Errorf("driver: %w", &pq.Error{Code: code}))
 		require.ErrorIs(t, err, ErrConflict, code)
 		var pqErr *pq.Error
 		require.ErrorAs(t, err, &pqErr, "the driver's error stays in the chain")
 		require.Equal(t, code, pqErr.Code)
 	}
-	for _, code := range []pqerror.Code{pqerror.DiskFull, pqerror.TooManyConnections, pqerror.QueryCanceled} {
+	for _, code := range []pqerror.Code{pqerror.OutOfMemory, pqerror.DiskFull, pqerror.TooManyConnections, pqerror.QueryCanceled} {
 		require.NotErrorIs(t, wrap("apply contributions", &pq.Error{Code: code}), ErrConflict, code)
 	}
 }

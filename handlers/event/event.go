@@ -120,6 +120,11 @@ func (e *ContractError) detail() string {
 	return e.Field + ": " + e.Reason
 }
 
+// MaxTargets is the most targets an event may carry (the schema's
+// maxItems): the catalog applies an event in one transaction (SPEC §5.8),
+// within its unit-of-work timeout; the purchase API takes 100 at most.
+const MaxTargets = 12000
+
 // Validate checks the rules every consumer relies on: a purchase id and a tenant id, Version >= 1,
 // BoostWeight 1..100, a known Status and well-formed targets.
 func (e PurchaseChanged) Validate() error {
@@ -150,6 +155,9 @@ func (e PurchaseChanged) violations() []error {
 	}
 	if len(e.Targets) == 0 {
 		bad("Targets", "must not be empty")
+	}
+	if len(e.Targets) > MaxTargets {
+		bad("Targets", fmt.Sprintf("at most %d targets (has %d)", MaxTargets, len(e.Targets)))
 	}
 	for i, t := range e.Targets {
 		if !t.TargetKind.Valid() {

@@ -114,17 +114,26 @@ func (c *Client) Partitions(topic string) ([]Partition, error) {
 	}
 	out := make([]Partition, 0, len(parts))
 	for _, p := range parts {
-		oldest, err := c.client.GetOffset(topic, p, sarama.OffsetOldest)
+		part, err := c.partition(topic, p)
 		if err != nil {
-			return nil, fmt.Errorf("oldest offset of %s/%d: %w", topic, p, err)
+			return nil, err
 		}
-		newest, err := c.client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return nil, fmt.Errorf("newest offset of %s/%d: %w", topic, p, err)
-		}
-		out = append(out, Partition{Topic: topic, Partition: p, Oldest: oldest, Newest: newest})
+		out = append(out, part)
 	}
 	return out, nil
+}
+
+// partition reads the oldest and newest offset of topic/p.
+func (c *Client) partition(topic string, p int32) (Partition, error) {
+	oldest, err := c.client.GetOffset(topic, p, sarama.OffsetOldest)
+	if err != nil {
+		return Partition{}, fmt.Errorf("oldest offset of %s/%d: %w", topic, p, err)
+	}
+	newest, err := c.client.GetOffset(topic, p, sarama.OffsetNewest)
+	if err != nil {
+		return Partition{}, fmt.Errorf("newest offset of %s/%d: %w", topic, p, err)
+	}
+	return Partition{Topic: topic, Partition: p, Oldest: oldest, Newest: newest}, nil
 }
 
 // Read reads every range, each partition in offset order on its own

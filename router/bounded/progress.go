@@ -21,7 +21,8 @@ type Progress struct {
 	Replayed atomic.Int64
 	// Parked counts records left where they are on purpose (past --max-replays).
 	Parked atomic.Int64
-	// Skipped counts records that could not be used (they failed for good).
+	// Skipped counts records that could not be used: they failed for good, or
+	// (DLQ replay) a dead letter by reference names a record that is gone.
 	Skipped atomic.Int64
 }
 

@@ -36,13 +36,21 @@ func NewBulk(t testing.TB, b *Bundle) *Bulk {
 			k.Pairs = append(k.Pairs, [2]uuid.UUID{p, o})
 		}
 	}
+	b.InsertCards(t, projects, objects, homes)
+	return k
+}
+
+// InsertCards writes published project cards, and published property-object
+// cards, object i of project homes[i], straight into b's database: faster
+// than the feed for thousands of cards with no boost yet.
+func (b *Bundle) InsertCards(t testing.TB, projects, objects, homes []uuid.UUID) {
+	t.Helper()
 	_, err := b.DB.Exec(`INSERT INTO catalog.project_cards (id, status, visibility)
 		SELECT unnest($1::uuid[]), 'Published', 'Visible'`, pq.Array(projects))
 	require.NoError(t, err)
 	_, err = b.DB.Exec(`INSERT INTO catalog.property_object_cards (id, project_id, published, status)
 		SELECT unnest($1::uuid[]), unnest($2::uuid[]), true, 'OnSale'`, pq.Array(objects), pq.Array(homes))
 	require.NoError(t, err)
-	return k
 }
 
 // Pair is the project and object of the i-th purchase.

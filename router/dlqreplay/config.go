@@ -111,6 +111,7 @@ const (
 	skip   verdict = iota // the filter does not match
 	park                  // replayed MaxReplays times already
 	replay                // forward it
+	broken                // by reference, and its record is gone or another one
 )
 
 func (c Config) decide(msg *message.Message) verdict {

@@ -106,7 +106,7 @@ func (r *Replayer) Run(ctx context.Context) (Result, error) {
 	if r.cfg.DryRun {
 		return res(r.dryRun(ctx, client, ranges))
 	}
-	return res(r.forward(ctx, parts, ranges, trace.SpanContextFromContext(ctx)))
+	return res(r.forward(ctx, client, parts, ranges, trace.SpanContextFromContext(ctx)))
 }
 
 // groupIdle refuses a group in which another replay runs, before joining it.
@@ -146,18 +146,19 @@ func remaining(client *bounded.Client, group string, parts []bounded.Partition) 
 
 // forward runs the Watermill forwarder from the group source to the replay
 // topic, keyed by each record's own key; each record's span links to run.
-func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, ranges []bounded.Range, run trace.SpanContext) error {
+// client fetches the records of dead letters by reference.
+func (r *Replayer) forward(ctx context.Context, client *bounded.Client, parts []bounded.Partition, ranges []bounded.Range,
+	run trace.SpanContext) error {
 	wlog := watermill.NewSlogLogger(r.cfg.Log)
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               r.cfg.Kafka.Brokers,
-		Marshaler:             kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey},
-		OverwriteSaramaConfig: r.cfg.Kafka.DurableProducerConfig("promoflow-dlq-replay"),
-	}, wlog)
+	// The replay topic's own size limit: a record that fitted its topic may
+	// exceed Sarama's default (1 MiB) with the replay's headers.
+	pub, _, err := r.cfg.Kafka.NewLimitedPublisher(ctx, r.cfg.ReplayTopic, "promoflow-dlq-replay",
+		kafkakit.KeepKeyMarshaler{Fallback: middleware.DLQPartitionKey}, wlog)
 	if err != nil {
 		return fmt.Errorf("replay publisher: %w", err)
 	}
 	defer pub.Close()
-	src := newSource(r.cfg, &r.progress, len(parts), ranges)
+	src := newSource(r.cfg, client, &r.progress, len(parts), ranges)
 	fwd, err := forwarder.NewForwarder(src, tracingPublisher{pub, run}, wlog, forwarder.Config{
 		ForwarderTopic: r.cfg.DLQTopic,
 		Middlewares:    []message.HandlerMiddleware{r.progress.CountReplayed},
@@ -180,13 +181,20 @@ func (r *Replayer) forward(ctx context.Context, parts []bounded.Partition, range
 
 // dryRun reads the same records without the group and logs each verdict.
 func (r *Replayer) dryRun(ctx context.Context, client *bounded.Client, ranges []bounded.Range) error {
-	return client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
+	return client.Read(ctx, ranges, func(ctx context.Context, rec *sarama.ConsumerMessage) error {
 		msg, err := kafka.DefaultMarshaler{}.Unmarshal(rec)
 		if err != nil {
 			return err
 		}
 		r.progress.Read.Add(1)
 		v := r.cfg.decide(msg)
+		if v == replay {
+			if _, _, err = r.cfg.dereference(ctx, client, rec, msg); errors.Is(err, errBrokenReference) {
+				v = broken
+			} else if err != nil {
+				return err
+			}
+		}
 		if v == skip {
 			return nil
 		}
@@ -195,6 +203,9 @@ func (r *Replayer) dryRun(ctx context.Context, client *bounded.Client, ranges []
 		switch {
 		case v == park:
 			r.progress.Parked.Add(1)
+		case v == broken:
+			r.progress.Skipped.Add(1)
+			what = "would skip"
 		case r.capReached():
 			return nil
 		default:
@@ -202,9 +213,13 @@ func (r *Replayer) dryRun(ctx context.Context, client *bounded.Client, ranges []
 			r.progress.Replayed.Add(1)
 			what = "would replay"
 		}
-		r.cfg.Log.Info(what, "partition", rec.Partition, "offset", rec.Offset, "MessageId", msg.UUID,
+		attrs := []any{"partition", rec.Partition, "offset", rec.Offset, "MessageId", msg.UUID,
 			"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "replays", replays(msg),
-			"code", msg.Metadata.Get(middleware.HeaderDLQErrorCode), "reason", msg.Metadata.Get(middleware.HeaderDLQReason))
+			"code", msg.Metadata.Get(middleware.HeaderDLQErrorCode), "reason", msg.Metadata.Get(middleware.HeaderDLQReason)}
+		if v == broken {
+			attrs = append(attrs, "error", err.Error())
+		}
+		r.cfg.Log.Info(what, attrs...)
 		return nil
 	}, &r.progress)
 }

@@ -27,6 +27,7 @@ var errCapReached = errors.New("replay cap reached")
 // partition: a second member means a second replay, and it refuses.
 type source struct {
 	cfg        Config
+	client     *bounded.Client // fetches the records of dead letters by reference
 	progress   *bounded.Progress
 	partitions int
 	ranges     map[int32]bounded.Range
@@ -42,8 +43,8 @@ type source struct {
 	closing  sync.Once
 }
 
-func newSource(cfg Config, progress *bounded.Progress, partitions int, ranges []bounded.Range) *source {
-	s := &source{cfg: cfg, progress: progress, partitions: partitions, pace: newPacer(cfg.Rate),
+func newSource(cfg Config, client *bounded.Client, progress *bounded.Progress, partitions int, ranges []bounded.Range) *source {
+	s := &source{cfg: cfg, client: client, progress: progress, partitions: partitions, pace: newPacer(cfg.Rate),
 		ranges: map[int32]bounded.Range{}, pending: map[int32]bool{},
 		out: make(chan *message.Message), stop: func() {}, finished: make(chan struct{})}
 	for _, r := range ranges {
@@ -179,6 +180,15 @@ func (s *source) handle(sess sarama.ConsumerGroupSession) bounded.Handler {
 			return fmt.Errorf("unmarshal %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 		}
 		v := s.cfg.decide(msg)
+		out, key, err := msg, rec.Key, error(nil)
+		if v == replay {
+			out, key, err = s.cfg.dereference(ctx, s.client, rec, msg)
+			if errors.Is(err, errBrokenReference) {
+				v = broken
+			} else if err != nil {
+				return err
+			}
+		}
 		if v == replay && s.cfg.Max > 0 && s.sent.Add(1) > s.cfg.Max {
 			return errCapReached // left unmarked: the next run starts here
 		}
@@ -190,9 +200,14 @@ func (s *source) handle(sess sarama.ConsumerGroupSession) bounded.Handler {
 			s.cfg.Log.Warn("parked", "partition", rec.Partition, "offset", rec.Offset, "MessageId", msg.UUID,
 				"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "replays", replays(msg),
 				"code", msg.Metadata.Get(middleware.HeaderDLQErrorCode))
+		case broken:
+			s.progress.Matched.Add(1)
+			s.progress.Skipped.Add(1)
+			s.cfg.Log.Warn("skipped", "partition", rec.Partition, "offset", rec.Offset, "MessageId", msg.UUID,
+				"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "error", err.Error())
 		case replay:
 			s.progress.Matched.Add(1)
-			if err := s.forward(ctx, rec, msg); err != nil {
+			if err := s.forward(ctx, rec, out, key); err != nil {
 				return err
 			}
 		}
@@ -202,12 +217,13 @@ func (s *source) handle(sess sarama.ConsumerGroupSession) bounded.Handler {
 }
 
 // forward hands the forwarder one envelope and waits for its publish.
-func (s *source) forward(ctx context.Context, rec *sarama.ConsumerMessage, msg *message.Message) error {
+// msg is what to replay under key: the dead letter, or the record it refers to.
+func (s *source) forward(ctx context.Context, rec *sarama.ConsumerMessage, msg *message.Message, key []byte) error {
 	if err := s.pace.wait(ctx); err != nil {
 		return err
 	}
 	msg.SetContext(ctx)
-	env, err := envelope(s.cfg.ReplayTopic, msg, rec.Key)
+	env, err := envelope(s.cfg.ReplayTopic, msg, key)
 	if err != nil {
 		return fmt.Errorf("wrap %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 	}

@@ -22,26 +22,33 @@ type TopicState struct {
 // it is missing, never creating it (an admin metadata request does not ask
 // the broker to). It answers within ProbeTimeout, or when ctx ends.
 func (c Cluster) DescribeTopic(ctx context.Context, topic string) (TopicState, error) {
-	var st TopicState
+	return askAdmin(ctx, c, func(admin sarama.ClusterAdmin) (TopicState, error) { return describeTopic(admin, topic) })
+}
+
+// askAdmin runs f on an admin of short timeouts, and answers within
+// ProbeTimeout, or when ctx ends.
+func askAdmin[T any](ctx context.Context, c Cluster, f func(sarama.ClusterAdmin) (T, error)) (T, error) {
+	res := make(chan T, 1) // a call that timed out writes to no one
 	err := c.within(ctx, func(string) error {
-		var err error
-		st, err = c.describeTopic(topic)
+		sc := c.ClientConfig("promoflow-topic-check")
+		sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = probeIOTimeout, probeIOTimeout, probeIOTimeout
+		admin, err := sarama.NewClusterAdmin(c.Brokers, sc)
+		if err != nil {
+			return fmt.Errorf("connect kafka admin: %w", err)
+		}
+		defer admin.Close()
+		v, err := f(admin)
+		res <- v
 		return err
 	})
 	if err != nil {
-		return TopicState{}, err // st may still be written by a describe that timed out
+		var zero T
+		return zero, err
 	}
-	return st, nil
+	return <-res, nil
 }
 
-func (c Cluster) describeTopic(topic string) (TopicState, error) {
-	sc := c.ClientConfig("promoflow-topic-check")
-	sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = probeIOTimeout, probeIOTimeout, probeIOTimeout
-	admin, err := sarama.NewClusterAdmin(c.Brokers, sc)
-	if err != nil {
-		return TopicState{}, fmt.Errorf("connect kafka admin: %w", err)
-	}
-	defer admin.Close()
+func describeTopic(admin sarama.ClusterAdmin, topic string) (TopicState, error) {
 	meta, err := admin.DescribeTopics([]string{topic})
 	if err == nil && len(meta) != 1 {
 		err = fmt.Errorf("%d results for one topic", len(meta))

@@ -28,18 +28,6 @@ type history struct {
 	events  map[string]event.PurchaseChanged // by MessageId
 }
 
-// contribution is one row of catalog.promotion_contributions as the model
-// predicts it.
-type contribution struct {
-	PurchaseID uuid.UUID        `db:"purchase_id"`
-	Kind       event.TargetKind `db:"target_kind"`
-	TargetID   uuid.UUID        `db:"target_id"`
-	Weight     int              `db:"boost_weight"`
-	Status     event.Status     `db:"status"`
-	Version    int64            `db:"version"`
-	Active     bool             `db:"active"`
-}
-
 // produce sends ev as the relay would and records it.
 func (h *history) produce(t *testing.T, b *catalogtest.Bundle, ev event.PurchaseChanged) *message.Message {
 	t.Helper()
@@ -98,66 +86,8 @@ func (h *history) dedupKeys() []string {
 
 // contributions are the rows the replica must hold: one per purchase and
 // distinct card target, from the purchase's latest event.
-func (h *history) contributions() []contribution {
-	var out []contribution
-	for _, ev := range h.latest() {
-		seen := map[event.Target]bool{}
-		for _, tg := range ev.Targets {
-			if seen[tg] || tg.TargetKind == event.TargetPost {
-				continue
-			}
-			seen[tg] = true
-			out = append(out, contribution{PurchaseID: ev.PurchaseId, Kind: tg.TargetKind, TargetID: tg.TargetId,
-				Weight: ev.BoostWeight, Status: ev.Status, Version: ev.Version, Active: ev.Status == event.StatusActive})
-		}
-	}
-	return out
-}
-
-// boosts is the seed's formula over the latest events, for every card of b: a
-// project's boost is the sum of its active Project contributions; an
-// object's is the sum of its own plus, while published, its project's.
-func (h *history) boosts(t *testing.T, b *catalogtest.Bundle) map[uuid.UUID]int {
-	t.Helper()
-	sum := map[event.Target]int{}
-	for _, c := range h.contributions() {
-		if c.Active {
-			sum[event.Target{TargetKind: c.Kind, TargetId: c.TargetID}] += c.Weight
-		}
-	}
-	var projects []uuid.UUID
-	require.NoError(t, b.DB.Select(&projects, `SELECT id FROM catalog.project_cards`))
-	var objects []struct {
-		ID        uuid.UUID `db:"id"`
-		ProjectID uuid.UUID `db:"project_id"`
-		Published bool      `db:"published"`
-	}
-	require.NoError(t, b.DB.Select(&objects, `SELECT id, project_id, published FROM catalog.property_object_cards`))
-	want := map[uuid.UUID]int{}
-	for _, p := range projects {
-		want[p] = sum[catalogtest.Target(event.TargetProject, p)]
-	}
-	for _, o := range objects {
-		want[o.ID] = sum[catalogtest.Target(event.TargetPropertyObject, o.ID)]
-		if o.Published {
-			want[o.ID] += sum[catalogtest.Target(event.TargetProject, o.ProjectID)]
-		}
-	}
-	return want
-}
-
-// storedContributions reads the replica.
-func storedContributions(t *testing.T, b *catalogtest.Bundle) []contribution {
-	t.Helper()
-	var out []contribution
-	require.NoError(t, b.DB.Select(&out, `SELECT purchase_id, target_kind, target_id, boost_weight, status, version, active
-		FROM catalog.promotion_contributions`))
-	return out
-}
-
-// String is the row in one line, for failure messages.
-func (c contribution) String() string {
-	return fmt.Sprintf("purchase %s %s %s weight %d %s v%d", c.PurchaseID, c.Kind, c.TargetID, c.Weight, c.Status, c.Version)
+func (h *history) contributions() []catalogtest.Contribution {
+	return catalogtest.ModelContributions(h.latest())
 }
 
 // requireModel checks the replica and every card's boost against the model,
@@ -174,11 +104,11 @@ func requireModel(t *testing.T, b *catalogtest.Bundle, h *history, what string) 
 func modelDiff(t *testing.T, b *catalogtest.Bundle, h *history) []string {
 	t.Helper()
 	var diff []string
-	want, have := map[contribution]bool{}, map[contribution]bool{}
+	want, have := map[catalogtest.Contribution]bool{}, map[catalogtest.Contribution]bool{}
 	for _, c := range h.contributions() {
 		want[c] = true
 	}
-	for _, c := range storedContributions(t, b) {
+	for _, c := range b.Replica(t) {
 		have[c] = true
 		if !want[c] {
 			diff = append(diff, "replica has a row the events do not give: "+c.String())
@@ -190,7 +120,7 @@ func modelDiff(t *testing.T, b *catalogtest.Bundle, h *history) []string {
 		}
 	}
 	boosts := b.CardBoosts(t)
-	for id, w := range h.boosts(t, b) {
+	for id, w := range b.ModelBoosts(t, h.contributions()) {
 		if boosts[id] != w {
 			diff = append(diff, fmt.Sprintf("card %s: boost %d, the model's %d", id, boosts[id], w))
 		}

@@ -21,6 +21,7 @@ const (
 	HeldBackDefault      = 30 * time.Second // PromotionOutboxRelayHeldBack
 	LagDefault           = time.Minute      // CatalogPromotionLagHigh (the SLO)
 	DeadLetterWindowDef  = 10 * time.Minute // CatalogPromotionDeadLetters
+	StuckDefault         = 2 * time.Minute  // CatalogPartitionStuck
 	// OutboxLagDefault has no alert of its own: an event older than the
 	// consumer's lag SLO in the outbox misses the SLO end to end, whatever
 	// stopped the relay (no promotion process, an unreadable row, Kafka).
@@ -45,6 +46,9 @@ type Limits struct {
 	Lag time.Duration
 	// DeadLetterWindow: a dead letter newer than it is red. Defaults to 10m.
 	DeadLetterWindow time.Duration
+	// Stuck is the longest the consumer may keep failing on one record of a
+	// partition. Defaults to 2m.
+	Stuck time.Duration
 }
 
 func (l *Limits) setDefaults() {
@@ -54,6 +58,7 @@ func (l *Limits) setDefaults() {
 	l.HeldBack = cmp.Or(l.HeldBack, HeldBackDefault)
 	l.Lag = cmp.Or(l.Lag, LagDefault)
 	l.DeadLetterWindow = cmp.Or(l.DeadLetterWindow, DeadLetterWindowDef)
+	l.Stuck = cmp.Or(l.Stuck, StuckDefault)
 }
 
 // Config configures a Reader.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/promoflow/promoflow/middleware"
 	"github.com/promoflow/promoflow/router/bounded"
 	"github.com/promoflow/promoflow/router/dlqreplay"
 )
@@ -34,6 +35,10 @@ type Consumer struct {
 	// DeadLetters is what the DLQ holds, by error code and reason; nil
 	// when it could not be read.
 	DeadLetters *dlqreplay.Listing `json:"deadLetters"`
+	// Stuck are the partitions whose consumer has kept failing on one
+	// record for longer than Limits.Stuck: the record's offset (what
+	// `promoflow dlq park` takes), since when, and the last error.
+	Stuck []middleware.StuckPartition `json:"stuck"`
 }
 
 // Member is a consumer in the group.
@@ -82,6 +87,10 @@ func (r *Reader) consumer(ctx context.Context) (s Consumer) {
 		return s
 	}
 	s.DeadLetters = &listing
+	if s.Stuck, err = middleware.StuckInDB(ctx, r.cfg.DB, r.cfg.Topic, r.cfg.Limits.Stuck, middleware.StuckExpiryDefault); err != nil {
+		s.failed(err)
+		return s
+	}
 	s.judge(r.cfg.Limits, oldest, time.Now())
 	return s
 }
@@ -184,6 +193,11 @@ func (s *Consumer) judge(l Limits, oldest time.Duration, now time.Time) {
 	if oldest > l.Lag {
 		s.problem("CatalogPromotionLagHigh", "the group is %d records behind on %d of %d partitions; the oldest not consumed is %s old (limit %s)",
 			s.SumLag, len(s.Behind), s.Partitions, oldest.Round(time.Second), l.Lag)
+	}
+	for _, p := range s.Stuck {
+		s.problem("CatalogPartitionStuck", "partition %d has not moved past offset %d for %s (%d attempts): %s "+
+			"(docs/runbooks/partition-stuck.md; `promoflow dlq park --partition %d --offset %d --reason ...`)",
+			p.Partition, p.Offset, now.Sub(p.Since).Round(time.Second), p.Attempts, p.Error, p.Partition, p.Offset)
 	}
 	if len(s.Members) == 0 {
 		s.note("the group has no member: no catalog process consumes (or catalog.promotions.enabled is false)")
