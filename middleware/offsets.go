@@ -142,15 +142,17 @@ func (o *Offsets) Claim(topic string, partition int32, run Run, stop func()) (re
 }
 
 // nexts is each partition's next offset if the records at positions commit
-// now, and the generation of the claims it read; a partition nobody claims
-// is left out (it is stored by whoever claims it next).
-func (o *Offsets) nexts(positions []Position) ([]Position, int) {
+// now, the generation of the claims it read, and what this process had
+// committed to those partitions by then; a partition nobody claims is left
+// out (it is stored by whoever claims it next).
+func (o *Offsets) nexts(positions []Position) ([]Position, int, map[claimKey]int64) {
 	byPart := map[claimKey][]int64{}
 	for _, p := range positions {
 		k := claimKey{p.Topic, p.Partition}
 		byPart[k] = append(byPart[k], p.Offset)
 	}
 	out := make([]Position, 0, len(byPart))
+	had := make(map[claimKey]int64, len(byPart))
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, offsets := range byPart {
@@ -160,9 +162,12 @@ func (o *Offsets) nexts(positions []Position) ([]Position, int) {
 		}
 		if next, ok := run.Next(offsets); ok {
 			out = append(out, Position{Topic: k.topic, Partition: k.partition, Offset: next})
+			if c, ok := o.committed[k]; ok {
+				had[k] = c
+			}
 		}
 	}
-	return out, o.gen
+	return out, o.gen, had
 }
 
 // StoreTx writes, in tx, the next offset of each partition that the records
@@ -178,12 +183,15 @@ func (o *Offsets) StoreTx(ctx context.Context, tx *sqlx.Tx, slot int, positions 
 	if o == nil || len(positions) == 0 {
 		return func() {}, nil
 	}
-	nexts, gen := o.nexts(positions)
+	// What the process had committed is read before the statement runs:
+	// those commits are all in the statement's snapshot, while a commit of
+	// another worker noted meanwhile may not be (READ COMMITTED).
+	nexts, gen, had := o.nexts(positions)
 	prev, err := upsertOffsets(ctx, tx, slot, nexts)
 	if err != nil {
 		return nil, err
 	}
-	if err := o.checkNotLost(gen, nexts, prev); err != nil {
+	if err := o.checkNotLost(gen, had, prev); err != nil {
 		return nil, err
 	}
 	return func() {

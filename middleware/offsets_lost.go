@@ -20,21 +20,21 @@ var ErrOffsetsLost = errors.New("the catalog database lost committed consumer of
 // what the process committed, for the partitions no transaction touches.
 const LossCheckInterval = 5 * time.Second
 
-// checkNotLost compares the offsets of the partitions that nexts moved, as
-// they were before (prev), with what this process committed to them; nexts
-// were worked out in generation gen.
-func (o *Offsets) checkNotLost(gen int, nexts []Position, prev map[claimKey]int64) error {
+// checkNotLost compares the offsets of the partitions a transaction moved,
+// as its statement found them (prev), with what this process had committed
+// to them before the statement ran (had); the transaction's offsets were
+// worked out in generation gen.
+func (o *Offsets) checkNotLost(gen int, had, prev map[claimKey]int64) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.gen != gen {
 		return fmt.Errorf("%w: the claims were stopped", ErrOffsetsLost)
 	}
-	for _, n := range nexts {
-		k := claimKey{n.Topic, n.Partition}
-		if want, ok := o.committed[k]; ok && prev[k] < want {
+	for k, want := range had {
+		if prev[k] < want {
 			o.lostLocked(k, want, prev[k])
 			return fmt.Errorf("%w: partition %d of %s was stored at %d, the database has %d", ErrOffsetsLost,
-				n.Partition, n.Topic, want, prev[k])
+				k.partition, k.topic, want, prev[k])
 		}
 	}
 	return nil
