@@ -159,18 +159,25 @@ func TestBatchPublisher_APageIsCommittedWholeOrNotAtAll(t *testing.T) {
 	require.NoError(t, pub.EndPage(true))
 	require.NoError(t, publish("alone"), "outside a page, a Publish is a transaction of its own")
 
+	// Until every committed record is read: the two partitions are read
+	// side by side, and an aborted record precedes them in its partition.
+	want := []string{"committed-1", "committed-2", "committed-3", "alone"}
 	got := kafkatest.ReadTopic(t, topic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool {
+		seen := map[string]bool{}
 		for _, m := range ms {
-			if kafkatest.Header(m, kafka.UUIDHeaderKey) == "alone" {
-				return true
+			seen[kafkatest.Header(m, kafka.UUIDHeaderKey)] = true
+		}
+		for _, id := range want {
+			if !seen[id] {
+				return false
 			}
 		}
-		return false
+		return true
 	})
 	var ids []string
 	for _, m := range got {
 		ids = append(ids, kafkatest.Header(m, kafka.UUIDHeaderKey))
 	}
-	require.ElementsMatch(t, []string{"committed-1", "committed-2", "committed-3", "alone"}, ids,
+	require.ElementsMatch(t, want, ids,
 		"read_committed sees the committed page and the lone publish, nothing of the aborted or failed pages")
 }

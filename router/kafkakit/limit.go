@@ -56,19 +56,35 @@ func (l RecordLimit) Apply(sc *sarama.Config) {
 // topic's max.message.bytes when it overrides it, else the broker's
 // message.max.bytes. It answers within ProbeTimeout, or when ctx ends, and
 // reports a missing topic with ErrNoSuchTopic.
+//
+// A topic that does not exist yet gets the limit it will inherit (the
+// broker's default) and the error ErrNoSuchTopic beside a usable limit.
 func (c Cluster) RecordLimit(ctx context.Context, topic string, m kafka.Marshaler) (RecordLimit, error) {
 	n, err := askAdmin(ctx, c, func(admin sarama.ClusterAdmin) (int, error) { return maxMessageBytes(admin, topic) })
 	if err != nil {
-		return RecordLimit{}, fmt.Errorf("max.message.bytes of %s: %w", topic, err)
+		err = fmt.Errorf("max.message.bytes of %s: %w", topic, err)
+		if n > 0 && errors.Is(err, ErrNoSuchTopic) {
+			return RecordLimit{Topic: topic, MaxMessageBytes: n, Marshaler: m}, err
+		}
+		return RecordLimit{}, err
 	}
 	return RecordLimit{Topic: topic, MaxMessageBytes: n, Marshaler: m}, nil
 }
+
+// defaultMaxMessageBytes is Kafka's default message.max.bytes.
+const defaultMaxMessageBytes = 1048588
 
 func maxMessageBytes(admin sarama.ClusterAdmin, topic string) (int, error) {
 	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic,
 		ConfigNames: []string{"max.message.bytes"}})
 	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return 0, fmt.Errorf("%w: create it, or start the catalog with --create-topics=true", ErrNoSuchTopic)
+		// Not there yet (created by another process, or by an operator
+		// later): the broker's default is what it will inherit, and a
+		// record the topic then refuses for its size goes by reference.
+		if n, brokerErr := brokerMaxMessageBytes(admin); brokerErr == nil {
+			return n, fmt.Errorf("%w: its limit is the broker's message.max.bytes, %d", ErrNoSuchTopic, n)
+		}
+		return defaultMaxMessageBytes, fmt.Errorf("%w: its limit is Kafka's default message.max.bytes, %d", ErrNoSuchTopic, defaultMaxMessageBytes)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("describe topic: %w", err)
@@ -132,7 +148,10 @@ func parseBytes(name, value string) (int, error) {
 func (c Cluster) NewLimitedPublisher(ctx context.Context, topic, clientID string, m kafka.Marshaler,
 	wlog watermill.LoggerAdapter) (*kafka.Publisher, RecordLimit, error) {
 	limit, err := c.RecordLimit(ctx, topic, m)
-	if err != nil {
+	if errors.Is(err, ErrNoSuchTopic) && limit.MaxMessageBytes > 0 {
+		wlog.Info("the topic does not exist yet; records are sized to the limit it will inherit",
+			watermill.LogFields{"topic": topic, "maxMessageBytes": limit.MaxMessageBytes})
+	} else if err != nil {
 		return nil, limit, err
 	}
 	sc := c.DurableProducerConfig(clientID)

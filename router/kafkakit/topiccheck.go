@@ -42,8 +42,13 @@ func askAdmin[T any](ctx context.Context, c Cluster, f func(sarama.ClusterAdmin)
 		return err
 	})
 	if err != nil {
-		var zero T
-		return zero, err
+		select {
+		case v := <-res: // f's own answer beside its error
+			return v, err
+		default:
+			var zero T
+			return zero, err
+		}
 	}
 	return <-res, nil
 }
