@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/assert"
@@ -23,6 +25,7 @@ type dedupBundle struct {
 	db         *sqlx.DB
 	logs       *logtest.Logs
 	duplicates atomic.Int32
+	reused     atomic.Int32
 	calls      atomic.Int32
 	// handle runs msg through a GroupCommit whose apply writes the effect
 	// of each message and then does what next says.
@@ -44,6 +47,7 @@ func setupDedup(t *testing.T, workers int) *dedupBundle {
 		Dedup: middleware.DedupConfig{
 			Logger:      b.logs.Logger(),
 			OnDuplicate: func(*message.Message) { b.duplicates.Add(1) },
+			OnReused:    func(*message.Message) { b.reused.Add(1) },
 		},
 	}, func(ctx context.Context, tx *sqlx.Tx, items []item) ([]struct{}, error) {
 		for _, it := range items {
@@ -134,18 +138,69 @@ func TestDedup_KeyIsStoredInTheSameTransactionAsTheEffect(t *testing.T) {
 	require.Zero(t, b.duplicates.Load())
 }
 
-func TestDedup_MessageWithoutUUIDIsAContractViolation(t *testing.T) {
+// TestDedup_MessageWithoutUUIDIsDedupedByItsPayload: a record without a
+// MessageId is a valid event; its payload alone tells its redelivery from
+// another record.
+func TestDedup_MessageWithoutUUIDIsDedupedByItsPayload(t *testing.T) {
 	b := setupDedup(t, 1)
 	msg := newMessage(t)
 	msg.UUID = ""
+	other := message.NewMessage("", []byte(`{"other":"payload"}`))
 
-	err := b.handle(msg, ok)
+	require.NoError(t, b.handle(msg, ok))
+	require.NoError(t, b.handle(msg.Copy(), ok))
+	require.NoError(t, b.handle(other, ok))
 
-	var ce *event.ContractError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "MessageId", ce.Field)
-	require.Zero(t, b.calls.Load())
-	require.Empty(t, processedKeys(t, b.db))
+	require.EqualValues(t, 2, b.calls.Load(), "each payload applies once")
+	require.EqualValues(t, 1, b.duplicates.Load())
+	require.Zero(t, b.reused.Load(), "no MessageId, nothing reused")
+	require.Empty(t, processedKeys(t, b.db), "no key in the previous format")
+}
+
+// TestDedup_ReusedMessageIdWithOtherPayloadIsAppliedAndCounted: a MessageId
+// that comes back with other bytes is applied (what it changes is the
+// handler's version guard's to decide) and reported as reused, once; each of
+// its payloads, delivered again, is a duplicate. So is a MessageId longer
+// than a previous-format key.
+func TestDedup_ReusedMessageIdWithOtherPayloadIsAppliedAndCounted(t *testing.T) {
+	b := setupDedup(t, 1)
+	for _, id := range []string{watermill.NewUUID(), strings.Repeat("x", 4000) + watermill.NewUUID()} {
+		first := message.NewMessage(id, []byte(`{"Version":1}`))
+		second := message.NewMessage(id, []byte(`{"Version":2}`))
+		calls, reused, dups := b.calls.Load(), b.reused.Load(), b.duplicates.Load()
+
+		require.NoError(t, b.handle(first, ok))
+		require.NoError(t, b.handle(second, ok))
+		require.NoError(t, b.handle(first.Copy(), ok))
+		require.NoError(t, b.handle(second.Copy(), ok))
+
+		require.Equal(t, calls+2, b.calls.Load(), "each payload applies once")
+		require.Equal(t, reused+1, b.reused.Load(), "the second payload is counted as reused")
+		require.Equal(t, dups+2, b.duplicates.Load())
+	}
+	warned := b.logs.Find(slog.LevelWarn, "message-id-reused")
+	require.Len(t, warned, 2)
+	require.LessOrEqual(t, len(warned[1]["MessageId"]), 200, "a long MessageId is cut in logs")
+}
+
+// TestDedup_PreviousFormatKeysDedupBothWays: a record applied under the
+// previous format's key (by the previous release, or before the upgrade) is
+// a duplicate, and a record applied here leaves that key, so that the
+// previous release, running beside, finds it.
+func TestDedup_PreviousFormatKeysDedupBothWays(t *testing.T) {
+	b := setupDedup(t, 1)
+	before := newMessage(t)
+	_, err := b.db.Exec(`INSERT INTO catalog.processed_messages (key) VALUES ($1)`, middleware.DedupKeyPrefixDefault+before.UUID)
+	require.NoError(t, err)
+
+	require.NoError(t, b.handle(before, ok))
+	require.Zero(t, b.calls.Load(), "applied under the previous key: a duplicate")
+	require.EqualValues(t, 1, b.duplicates.Load())
+
+	after := newMessage(t)
+	require.NoError(t, b.handle(after, ok))
+	require.EqualValues(t, 1, b.calls.Load())
+	require.Contains(t, processedKeys(t, b.db), middleware.DedupKeyPrefixDefault+after.UUID)
 }
 
 func TestCleanupDedupKeys_DeletesOnlyKeysPastRetention(t *testing.T) {

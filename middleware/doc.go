@@ -25,9 +25,9 @@
 //  6. Span "catalog.promotion.process": one per attempt, the handler's work.
 //  7. The handler parses the event and waits on GroupCommit (groupcommit.go),
 //     the unit of work with dedup: the events that wait at the same time (up
-//     to the subscriber's lanes of each partition) share one transaction; their dedup keys
-//     (dedup.go) are stored in it, so each key commits or rolls back with its
-//     state change, and a duplicate is an ack no-op. The handler returns only
+//     to the subscriber's lanes of each partition) share one transaction; their dedup marks
+//     (dedup.go: digests of the MessageId and the payload) are stored in it, so
+//     each mark commits or rolls back with its state change, and a duplicate is an ack no-op. The handler returns only
 //     after the commit, so replica, card boosts and dedup mark commit
 //     together, then the offset is acked. A failed transaction of several
 //     events re-runs each alone, so every attempt of one event is its own.

@@ -12,11 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/promoflow/promoflow/handlers/event"
 )
 
 // Defaults of GroupCommitConfig.
@@ -86,8 +83,8 @@ type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R,
 
 // GroupCommit is the consumer's unit of work with dedup. The messages that
 // wait for it at the same time, from any partition, share one transaction:
-// their dedup keys are stored by one statement, the items of the keys that
-// were new are applied by one ApplyFunc call, and all of it commits together
+// their dedup marks (dedup.go) are stored by one statement, the items of the
+// marks that were new are applied by one ApplyFunc call, and all of it commits together
 // before any of their handlers returns, so each message is acked only after
 // its effect and its dedup mark committed (seed: replica, card boosts and
 // dedup mark commit together, then the offset is acked). With
@@ -96,8 +93,11 @@ type ApplyFunc[T, R any] func(ctx context.Context, tx *sqlx.Tx, items []T) ([]R,
 //
 // The subscriber's lanes keep a purchase's messages one after the other,
 // so a transaction holds at most one message of each purchase of a topic,
-// and, while one transaction runs, the next one fills. A message whose key is already stored is a duplicate: it is acked
-// as a no-op. A concurrent duplicate waits on the key's primary-key lock
+// and, while one transaction runs, the next one fills; nor does it hold two
+// messages of one MessageId. A message whose mark (its MessageId and its
+// payload) is already stored is a duplicate: it is acked as a no-op; one of
+// a MessageId stored with another payload is applied, and reported as
+// reused. A concurrent duplicate waits on the mark's primary-key lock
 // until the first delivery commits, then skips (or, if the first rolled back,
 // applies). When a transaction of several messages fails, each is re-run in
 // a transaction of its own, so that one message's error (a poison payload, a
@@ -121,9 +121,10 @@ type GroupCommit[T, R any] struct {
 // while a transaction still runs with its item, and the chain above the
 // handler then sets the message's context again.
 type waiter[T, R any] struct {
-	key, serial string
-	item        T
-	locks       int
+	key    dedupKey
+	serial string
+	item   T
+	locks  int
 	// pos is the message's record, when a subscriber delivered it (hasPos).
 	pos    Position
 	hasPos bool
@@ -132,9 +133,9 @@ type waiter[T, R any] struct {
 	origin trace.SpanContext
 	done   chan struct{}
 	// Set before done closes.
-	result R
-	dup    bool
-	err    error
+	result      R
+	dup, reused bool
+	err         error
 	// Guarded by GroupCommit.mu: gone is set when the message stopped
 	// waiting before a transaction took it.
 	gone bool
@@ -157,17 +158,13 @@ func NewGroupCommit[T, R any](cfg GroupCommitConfig, apply ApplyFunc[T, R], lock
 
 // Do applies item for msg in the next transaction and waits for its commit.
 // Items with equal serial never share a transaction and are taken in the
-// order they came. dup is true when msg's dedup key was stored already:
-// nothing was applied. When msg's context ends first, Do returns its error; a transaction
+// order they came. dup is true when msg's dedup mark was stored already:
+// nothing was applied. A message without a MessageId is deduplicated by
+// its payload alone. When msg's context ends first, Do returns its error; a transaction
 // that took the item may still commit it, and the redelivery is then a
 // duplicate.
 func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (result R, dup bool, err error) {
-	if msg.UUID == "" {
-		// Without a MessageId every such message would share one key and
-		// all but the first would be dropped as duplicates.
-		return result, false, &event.ContractError{Field: "MessageId", Reason: "message has no uuid"}
-	}
-	w := &waiter[T, R]{key: g.cfg.Dedup.KeyPrefix + msg.UUID, serial: serial, item: item,
+	w := &waiter[T, R]{key: g.cfg.Dedup.keyOf(msg), serial: serial, item: item,
 		locks: g.locks(item), origin: trace.SpanContextFromContext(msg.Context()), done: make(chan struct{})}
 	w.pos, w.hasPos = PositionOf(msg)
 	g.mu.Lock()
@@ -184,6 +181,9 @@ func (g *GroupCommit[T, R]) Do(msg *message.Message, serial string, item T) (res
 			// Here, in the handler's goroutine: only a message acked as a
 			// duplicate is reported as one.
 			g.cfg.Dedup.skipped(msg, w.key)
+		}
+		if w.reused {
+			g.cfg.Dedup.reused(msg, w.key)
 		}
 		return w.result, w.dup, w.err
 	case <-msg.Context().Done():
@@ -247,8 +247,8 @@ func (g *GroupCommit[T, R]) take() []*waiter[T, R] {
 		fits := len(batch) == 0 || locks+w.locks <= g.cfg.MaxLocks
 		switch {
 		case w.gone:
-		case len(batch) < g.cfg.MaxBatch && fits && !seen["k"+w.key] && !seen["s"+w.serial]:
-			seen["k"+w.key], seen["s"+w.serial] = true, true
+		case len(batch) < g.cfg.MaxBatch && fits && !seen["k"+string(w.key.id)] && !seen["s"+w.serial]:
+			seen["k"+string(w.key.id)], seen["s"+w.serial] = true, true
 			batch, locks = append(batch, w), locks+w.locks
 		default:
 			seen["s"+w.serial] = true
@@ -314,14 +314,18 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R], slot int) (err error) 
 		}
 	}()
 
-	stored, err := storeKeys(ctx, tx, batch)
+	keys := make([]dedupKey, len(batch))
+	for i, w := range batch {
+		keys[i] = w.key
+	}
+	marks, err := storeMarks(ctx, tx, keys)
 	if err != nil {
 		return err
 	}
 	var fresh []*waiter[T, R]
 	var items []T
-	for _, w := range batch {
-		if stored[w.key] {
+	for i, w := range batch {
+		if marks[i] != markDuplicate {
 			fresh, items = append(fresh, w), append(items, w.item)
 		}
 	}
@@ -352,31 +356,8 @@ func (g *GroupCommit[T, R]) commit(batch []*waiter[T, R], slot int) (err error) 
 	for i, w := range fresh {
 		w.result = results[i]
 	}
-	for _, w := range batch {
-		w.dup = !stored[w.key]
+	for i, w := range batch {
+		w.dup, w.reused = marks[i] == markDuplicate, marks[i] == markReused
 	}
 	return nil
-}
-
-// storeKeys stores the batch's dedup keys, in key order so that concurrent
-// transactions wait on each other's keys in one order, and returns the keys
-// that were new.
-func storeKeys[T, R any](ctx context.Context, tx *sqlx.Tx, batch []*waiter[T, R]) (map[string]bool, error) {
-	keys := make([]string, len(batch))
-	for i, w := range batch {
-		keys[i] = w.key
-	}
-	slices.Sort(keys)
-	var stored []string
-	err := tx.SelectContext(ctx, &stored, `INSERT INTO catalog.processed_messages (key)
-		SELECT k FROM unnest($1::text[]) AS k ORDER BY k
-		ON CONFLICT (key) DO NOTHING RETURNING key`, pq.Array(keys))
-	if err != nil {
-		return nil, fmt.Errorf("store dedup keys: %w", err)
-	}
-	set := make(map[string]bool, len(stored))
-	for _, k := range stored {
-		set[k] = true
-	}
-	return set, nil
 }

@@ -43,7 +43,9 @@ func TestGroupCommit_WideBatchStaysUnderTheLockTable(t *testing.T) {
 	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { db.Close() })
 	_, err = db.Exec(`CREATE SCHEMA catalog;
-		CREATE TABLE catalog.processed_messages (key text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`)
+		CREATE TABLE catalog.processed_messages (key text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE catalog.processed_records (message_id_digest bytea, payload_digest bytea,
+			processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (message_id_digest, payload_digest))`)
 	require.NoError(t, err)
 
 	var (

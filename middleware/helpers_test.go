@@ -37,10 +37,11 @@ func catalogDB(t *testing.T) *sqlx.DB {
 	return db
 }
 
-// applyEffect is a handler's state change for id, written in the unit of work's transaction.
+// applyEffect is a handler's state change for id (of any length: a
+// MessageId), written in the unit of work's transaction.
 func applyEffect(ctx context.Context, tx *sqlx.Tx, id string) error {
 	_, err := tx.ExecContext(ctx,
-		`INSERT INTO mwtest_effects (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = mwtest_effects.n + 1`, id)
+		`INSERT INTO mwtest_effects (id, n) VALUES (md5($1), 1) ON CONFLICT (id) DO UPDATE SET n = mwtest_effects.n + 1`, id)
 	return err
 }
 
@@ -48,7 +49,7 @@ func applyEffect(ctx context.Context, tx *sqlx.Tx, id string) error {
 func effectCount(t *testing.T, db *sqlx.DB, id string) int {
 	t.Helper()
 	var n int
-	err := db.Get(&n, `SELECT coalesce((SELECT n FROM mwtest_effects WHERE id = $1), 0)`, id)
+	err := db.Get(&n, `SELECT coalesce((SELECT n FROM mwtest_effects WHERE id = md5($1)), 0)`, id)
 	require.NoError(t, err)
 	return n
 }

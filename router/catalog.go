@@ -260,6 +260,7 @@ func newCatalogMiddlewares(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg
 		Dedup: middleware.DedupConfig{
 			Logger:      log,
 			OnDuplicate: func(*message.Message) { m.Consumed.WithLabelValues(outcomeDuplicate).Inc() },
+			OnReused:    func(*message.Message) { m.MessageIDReused.Inc() },
 		},
 		OnBatch: func(size int, _ time.Duration) { m.BatchSize.Observe(float64(size)) },
 		Offsets: offsets,

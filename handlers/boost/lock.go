@@ -30,8 +30,9 @@ import (
 //
 // Lock order, the same in every transaction that writes a boost:
 //
-//  0. the consumer's dedup keys (rows of catalog.processed_messages, in key
-//     order), when the transaction is the consumer's unit of work;
+//  0. the consumer's dedup marks (rows of catalog.processed_records, in
+//     digest order, then of catalog.processed_messages, in key order), when
+//     the transaction is the consumer's unit of work;
 //  1. advisory locks, in one statement, sorted by (group, 64-bit key):
 //     the purchases (exclusive), then projects, then property objects
 //     (a target's own lock and a stripe's share the group of their kind);
@@ -58,7 +59,7 @@ import (
 // A whole-projection writer (a rebuild's switch, LockProjectionTx;
 // RecomputeAllTx: lockProjectionSQL) takes the three tables EXCLUSIVE in the
 // same order, card tables first, then the contributions. It takes no
-// advisory lock and needs no dedup key row that a batch holds, so it waits
+// advisory lock and needs no dedup mark row that a batch holds, so it waits
 // only for the card
 // tables of batches in flight, while holding nothing they still need.
 //
