@@ -221,7 +221,7 @@ func TestCatalog_NoRecordStallsItsPartition(t *testing.T) {
 	}
 	var done []sent
 	for _, row := range rows {
-		a.rowLatest = map[uuid.UUID]event.PurchaseChanged{}
+		a.rowLatest, a.row = map[uuid.UUID]event.PurchaseChanged{}, row.kind
 		row.send(a)
 		done = append(done, sent{a.rowLatest, time.Now()})
 	}
@@ -258,7 +258,8 @@ func TestCatalog_NoRecordStallsItsPartition(t *testing.T) {
 	require.Equal(t, live, b.CardBoosts(t), "rebuilt cards")
 
 	peak := heap()
-	t.Logf("%d records; peak heap %d MiB; test process %s", a.produced, peak>>20, vmRSS())
+	t.Logf("%d records; %v retries; peak heap %d MiB; test process %s", a.produced,
+		testutil.ToFloat64(b.Metrics.Retries), peak>>20, vmRSS())
 	require.LessOrEqual(t, peak, uint64(adversarialHeapLimit), "the heap reached %d MiB", peak>>20)
 }
 
@@ -275,8 +276,10 @@ type adversary struct {
 	latest, rowLatest map[uuid.UUID]event.PurchaseChanged
 	outcomes          map[string]int
 	dead              map[string]deadLetter
-	// names says what each dead-lettered record is, for failure messages.
+	// names says what each key's records are, for failure messages: the
+	// row's kind, or the invalid record's.
 	names      map[string]string
+	row        string
 	reused     int
 	mismatches int
 	// wideCards are the cards of the wide events, made once.
@@ -323,6 +326,9 @@ func (a *adversary) send(ev event.PurchaseChanged, headers []kgo.RecordHeader, o
 // other is the DLQ code of the record's key.
 func (a *adversary) raw(rec *kgo.Record, outcome string) int32 {
 	a.t.Helper()
+	if _, ok := a.names[string(rec.Key)]; !ok {
+		a.names[string(rec.Key)] = a.row
+	}
 	res, err := a.cl.ProduceSync(context.Background(), rec).First()
 	require.NoError(a.t, err, "produce a record of %d bytes", batchSize(rec))
 	a.produced++
@@ -423,12 +429,15 @@ func (a *adversary) checkDeadLetters() {
 		func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= len(a.dead) })
 	have := map[string]deadLetter{}
 	for _, m := range dlq {
-		key := string(m.Key)
-		require.NotContains(a.t, have, key, "%s dead-lettered twice", key)
+		key, reason := string(m.Key), kafkatest.Header(m, middleware.HeaderDLQReason)
+		require.NotContains(a.t, have, key, "the record %s (key %s) was dead-lettered twice", a.names[key], key)
 		have[key] = deadLetter{code: kafkatest.Header(m, middleware.HeaderDLQErrorCode),
 			byReference: kafkatest.Header(m, middleware.HeaderDLQByReference) == "true"}
-		require.NotEmpty(a.t, kafkatest.Header(m, middleware.HeaderDLQReason), "%s: a dead letter says why", key)
-		a.t.Logf("dead letter %s: %s: %.160s", key, have[key].code, kafkatest.Header(m, middleware.HeaderDLQReason))
+		_, invalid := a.dead[key]
+		require.True(a.t, invalid, "a valid record of the row %q (key %s) was dead-lettered as %s: %.300s",
+			a.names[key], key, have[key].code, reason)
+		require.NotEmpty(a.t, reason, "%s: a dead letter says why", key)
+		a.t.Logf("dead letter of the record %s: %s: %.160s", a.names[key], have[key].code, reason)
 	}
 	for key, want := range a.dead {
 		require.Equal(a.t, want, have[key], "the dead letter of the record %s (key %s)", a.names[key], key)
@@ -480,54 +489,40 @@ func watchCommits(t *testing.T, b *catalogtest.Bundle) func() []string {
 	require.NoError(t, err)
 	client, err := sarama.NewClient(kafkatest.Brokers(t), kafkatest.Cluster(t).ClientConfig("test-watch"))
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
+	type seen struct {
+		offset int64
+		since  time.Time
+	}
 	var (
 		mu     sync.Mutex
 		stalls []string
-		wg     sync.WaitGroup
+		last   = map[int32]seen{}
 	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		type seen struct {
-			offset int64
-			since  time.Time
+	stop := sampleEvery(t, 250*time.Millisecond, func(context.Context) {
+		res, err := admin.ListConsumerGroupOffsets(b.Cfg.ConsumerGroup, map[string][]int32{b.Cfg.Topic: {0, 1, 2}})
+		if err != nil {
+			return
 		}
-		last := map[int32]seen{}
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			res, err := admin.ListConsumerGroupOffsets(b.Cfg.ConsumerGroup, map[string][]int32{b.Cfg.Topic: {0, 1, 2}})
+		for p, blk := range res.Blocks[b.Cfg.Topic] {
+			end, err := client.GetOffset(b.Cfg.Topic, p, sarama.OffsetNewest)
 			if err != nil {
 				continue
 			}
-			for p, blk := range res.Blocks[b.Cfg.Topic] {
-				end, err := client.GetOffset(b.Cfg.Topic, p, sarama.OffsetNewest)
-				if err != nil {
-					continue
-				}
-				s, ok := last[p]
-				if !ok || s.offset != blk.Offset || blk.Offset >= end {
-					last[p] = seen{blk.Offset, time.Now()}
-					continue
-				}
-				if still := time.Since(s.since); still > adversarialBound {
-					mu.Lock()
-					stalls = append(stalls, fmt.Sprintf("partition %d at %d of %d for %s", p, blk.Offset, end, still.Round(time.Second)))
-					mu.Unlock()
-					last[p] = seen{blk.Offset, time.Now()}
-				}
+			s, ok := last[p]
+			if !ok || s.offset != blk.Offset || blk.Offset >= end {
+				last[p] = seen{blk.Offset, time.Now()}
+				continue
+			}
+			if still := time.Since(s.since); still > adversarialBound {
+				mu.Lock()
+				stalls = append(stalls, fmt.Sprintf("partition %d at %d of %d for %s", p, blk.Offset, end, still.Round(time.Second)))
+				mu.Unlock()
+				last[p] = seen{blk.Offset, time.Now()}
 			}
 		}
-	}()
+	})
 	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
+		stop()
 		_ = admin.Close()
 		_ = client.Close()
 	})
@@ -546,17 +541,31 @@ func sampleHeap(t *testing.T) func() uint64 {
 		peak uint64
 	)
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	sampleEvery(t, 50*time.Millisecond, func(context.Context) {
+		metrics.Read(sample)
+		mu.Lock()
+		peak = max(peak, sample[0].Value.Uint64())
+		mu.Unlock()
+	})
+	return func() uint64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// sampleEvery calls sample at once and then every period, in a goroutine of
+// its own, until the returned stop is called or the test ends; stop returns
+// once sample has returned for the last time.
+func sampleEvery(t testing.TB, period time.Duration, sample func(ctx context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(50 * time.Millisecond)
+		tick := time.NewTicker(period)
 		defer tick.Stop()
 		for {
-			metrics.Read(sample)
-			mu.Lock()
-			peak = max(peak, sample[0].Value.Uint64())
-			mu.Unlock()
+			sample(ctx)
 			select {
 			case <-ctx.Done():
 				return
@@ -564,12 +573,10 @@ func sampleHeap(t *testing.T) func() uint64 {
 			}
 		}
 	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return func() uint64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return peak
-	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // vmRSS is the test process's resident set, as /proc says it.
