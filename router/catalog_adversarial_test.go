@@ -240,6 +240,8 @@ func TestCatalog_NoRecordStallsItsPartition(t *testing.T) {
 		"cards differ from the model")
 	a.checkDeadLetters()
 	a.checkCounters()
+	require.Eventually(t, func() bool { return lagOf(t, b) == "" }, adversarialBound, 100*time.Millisecond,
+		"the group's committed offsets do not reach the end of the topic: %s", lagOf(t, b))
 	require.Empty(t, stalls(), "a partition with lag kept its committed offset for longer than %s", adversarialBound)
 
 	// Post-only records roll the segments until the cleaner has removed
@@ -531,6 +533,24 @@ func watchCommits(t *testing.T, b *catalogtest.Bundle) func() []string {
 		defer mu.Unlock()
 		return slices.Clone(stalls)
 	}
+}
+
+// lagOf lists the partitions whose committed offset is short of their
+// high-water mark, or is "" when there is none.
+func lagOf(t *testing.T, b *catalogtest.Bundle) string {
+	admin, err := sarama.NewClusterAdmin(kafkatest.Brokers(t), kafkatest.Cluster(t).ClientConfig("test-lag"))
+	require.NoError(t, err)
+	defer admin.Close()
+	res, err := admin.ListConsumerGroupOffsets(b.Cfg.ConsumerGroup, map[string][]int32{b.Cfg.Topic: {0, 1, 2}})
+	require.NoError(t, err)
+	var lag []string
+	for p, end := range catalogtest.PartitionSizes(t, b.Cfg.Topic) {
+		if blk := res.GetBlock(b.Cfg.Topic, p); blk == nil || blk.Offset < end {
+			lag = append(lag, fmt.Sprintf("partition %d: committed %v of %d", p, blk, end))
+		}
+	}
+	slices.Sort(lag)
+	return strings.Join(lag, ", ")
 }
 
 // sampleHeap samples the process's heap of live and not yet swept objects
