@@ -140,10 +140,10 @@ const (
 // storeMarksSQL stores the marks in digest order, so that concurrent
 // transactions wait on each other's marks in one order, and then (ARRAY:
 // every mark is stored before the first key) the previous-format keys of the
-// new ones, in key order; it returns the
-// MessageId digests of the new marks, and apart the previous-format keys it
-// stored. (A join of the two in SQL compared every key with every other one:
-// a fifth of the statement's time at batches of 64.)
+// new ones, in key order. It returns the MessageId digests of the new marks
+// and, apart, the previous-format keys it stored: a join of the two in SQL
+// compared every key with every other one, a fifth of the statement's time
+// at batches of 64.
 const storeMarksSQL = `WITH fresh AS (
 		INSERT INTO catalog.processed_records (message_id_digest, payload_digest)
 		SELECT * FROM unnest($1::bytea[], $2::bytea[]) ORDER BY 1, 2

@@ -210,10 +210,16 @@ func TestCleanupDedupKeys_DeletesOnlyKeysPastRetention(t *testing.T) {
 		('catalog-promotion:purchase-changed:old', now() - interval '8 days'),
 		('catalog-promotion:purchase-changed:new', now() - interval '1 hour')`)
 	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO catalog.processed_records (message_id_digest, payload_digest, processed_at) VALUES
+		('\x01', '\x01', now() - interval '8 days'), ('\x02', '\x02', now() - interval '1 hour')`)
+	require.NoError(t, err)
 	n, err := middleware.CleanupDedupKeys(context.Background(), db, 7*24*time.Hour)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 2, n, "a mark and a previous-format key")
 	require.Equal(t, []string{"catalog-promotion:purchase-changed:new"}, processedKeys(t, db))
+	var marks []string
+	require.NoError(t, db.Select(&marks, `SELECT encode(message_id_digest, 'hex') FROM catalog.processed_records`))
+	require.Equal(t, []string{"02"}, marks)
 }
 
 func TestDedup_ConfigRefusesAPrefixThatIsNotAKeyPrefix(t *testing.T) {

@@ -143,6 +143,9 @@ type consumerBench struct {
 	evs  []event.PurchaseChanged
 	msgs []*message.Message
 	ids  []uuid.UUID // cards in creation order
+	// done, when set, is what consume also waits for before it stops the
+	// consumer (BenchmarkConsumerPoison: every dead letter written).
+	done func() bool
 }
 
 // workload is the targets of one event on a project and one of its objects.
@@ -231,6 +234,9 @@ func (cb *consumerBench) consume(b *testing.B, partitions int, tp *throughput, c
 	first := cb.c.Consumed()
 	selfAt, pgAt := selfCPU(b), pg.CPU()
 	secs := timed(func() { cb.c.WaitConsumed(b, float64(len(cb.evs)), 5*time.Minute) })
+	if cb.done != nil {
+		require.Eventually(b, cb.done, time.Minute, 10*time.Millisecond, "the consumer is done")
+	}
 	self := selfCPU(b) - selfAt
 	pg.close()
 	cpu.add(len(cb.evs)-int(first), self, pg.CPU()-pgAt, pg != nil)

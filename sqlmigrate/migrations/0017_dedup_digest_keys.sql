@@ -26,7 +26,9 @@
 --     the upgrade): it is a duplicate, unless a digest mark of the same
 --     MessageId with another payload shows that this release wrote the key
 --     (a reused MessageId). A longer MessageId is looked up in the previous
---     format without being written there.
+--     format without being written there. A MessageId that the previous
+--     release applied and that comes back with other bytes is a duplicate,
+--     as the previous release would have it: its key holds no payload.
 --   * what the previous release cannot do: store a MessageId of about 2.7 KB
 --     or more. While it runs, such a record on one of its partitions stalls
 --     there as before, until the partition moves to this release.
