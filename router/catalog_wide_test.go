@@ -65,25 +65,13 @@ func TestCatalog_WideEventsAtOnceAllApply(t *testing.T) {
 	// The most locks one backend holds in the shared lock table (fast-path
 	// relation locks are not in it), sampled while the events apply.
 	var peak atomic.Int64
-	ctx, cancel := context.WithCancel(context.Background())
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			var n int64
-			if err := b.DB.GetContext(ctx, &n, `SELECT coalesce(max(c), 0) FROM (
-				SELECT count(*) AS c FROM pg_locks WHERE NOT fastpath AND pid <> pg_backend_pid() GROUP BY pid) x`); err == nil && n > peak.Load() {
-				peak.Store(n)
-			}
+	stopSampling := sampleEvery(t, 5*time.Millisecond, func(ctx context.Context) {
+		var n int64
+		if err := b.DB.GetContext(ctx, &n, `SELECT coalesce(max(c), 0) FROM (
+			SELECT count(*) AS c FROM pg_locks WHERE NOT fastpath AND pid <> pg_backend_pid() GROUP BY pid) x`); err == nil && n > peak.Load() {
+			peak.Store(n)
 		}
-	}()
+	})
 	start := time.Now()
 	b.Start(t)
 
@@ -94,8 +82,7 @@ func TestCatalog_WideEventsAtOnceAllApply(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return applied() == projects+objects || testutil.ToFloat64(b.Metrics.DLQ) > 0 },
 		60*time.Second, 50*time.Millisecond, "the three events did not all apply within 60s")
-	cancel()
-	<-sampled
+	stopSampling()
 	require.Zero(t, testutil.ToFloat64(b.Metrics.DLQ), "a valid wide event was dead-lettered")
 	require.Equal(t, projects+objects, applied(), "cards with the boost of all three events (%d)", want)
 	require.LessOrEqual(t, peak.Load(), int64(perTransaction),
