@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -111,12 +112,15 @@ func TestCatalog_NoRecordStallsItsPartition(t *testing.T) {
 			a.dead[key] = deadLetter{code: middleware.CodeContractViolation, byReference: true}
 			a.send(ev, a.headers(uuid.NewString(), ev), "applied")
 		}},
-		{"JSON nested 10,000 deep, 0 targets, 12,001 targets are dead-lettered", func(a *adversary) {
+		{"invalid UTF-8, JSON nested 10,000 deep, 0 targets, 12,001 targets are dead-lettered", func(a *adversary) {
 			wide := a.wide(event.MaxTargets + 1)
 			for _, breaks := range []struct {
 				name  string
 				value func(ev event.PurchaseChanged) []byte
 			}{
+				{"invalid UTF-8", func(ev event.PurchaseChanged) []byte {
+					return bytes.Replace(marshal(t, ev), []byte(`"PackageKind":"`), []byte("\"PackageKind\":\"T\xff\xfe"), 1)
+				}},
 				{"nested 10,000 deep", func(ev event.PurchaseChanged) []byte {
 					return replaceTargets(t, ev, strings.Repeat("[", 10_000)+strings.Repeat("]", 10_000))
 				}},

@@ -36,6 +36,11 @@ func Parse(payload []byte) (PurchaseChanged, error) {
 		err := json.Unmarshal(payload, new(json.RawMessage))
 		return PurchaseChanged{}, &ContractError{Reason: "malformed JSON: " + err.Error()}
 	}
+	if !utf8.Valid(payload) {
+		// A JSON text is UTF-8 (RFC 8259 §8.1); decoders that take other
+		// bytes replace them, and the event would not be what was sent.
+		return PurchaseChanged{}, &ContractError{Reason: "the payload is not valid UTF-8"}
+	}
 	var buf [16]member
 	obj, ok := splitObject(payload, buf[:0])
 	if !ok {
