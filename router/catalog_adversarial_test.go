@@ -287,8 +287,10 @@ type adversary struct {
 	dead              map[string]deadLetter
 	// names says what each key's records are, for failure messages: the
 	// row's kind, or the invalid record's.
-	names      map[string]string
-	row        string
+	names map[string]string
+	row   string
+	// invalidAt is when each invalid record was produced, by key.
+	invalidAt  map[string]time.Time
 	reused     int
 	mismatches int
 	// wideCards are the cards of the wide events, made once.
@@ -310,7 +312,8 @@ func newAdversary(t *testing.T, b *catalogtest.Bundle) *adversary {
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
 	return &adversary{t: t, b: b, cl: cl, latest: map[uuid.UUID]event.PurchaseChanged{},
-		outcomes: map[string]int{}, dead: map[string]deadLetter{}, names: map[string]string{}}
+		outcomes: map[string]int{}, dead: map[string]deadLetter{}, names: map[string]string{},
+		invalidAt: map[string]time.Time{}}
 }
 
 func fnv32a(key []byte) uint32 {
@@ -348,6 +351,7 @@ func (a *adversary) raw(rec *kgo.Record, outcome string) int32 {
 		if _, ok := a.dead[string(rec.Key)]; !ok {
 			a.dead[string(rec.Key)] = deadLetter{code: outcome}
 		}
+		a.invalidAt[string(rec.Key)] = res.Timestamp
 	}
 	return res.Partition
 }
@@ -446,7 +450,8 @@ func (a *adversary) checkDeadLetters() {
 		require.True(a.t, invalid, "a valid record of the row %q (key %s) was dead-lettered as %s: %.300s",
 			a.names[key], key, have[key].code, reason)
 		require.NotEmpty(a.t, reason, "%s: a dead letter says why", key)
-		a.t.Logf("dead letter of the record %s: %s: %.160s", a.names[key], have[key].code, reason)
+		a.t.Logf("dead letter of the record %s, %s after it was produced: %s: %.160s", a.names[key],
+			m.Timestamp.Sub(a.invalidAt[key]).Round(time.Millisecond), have[key].code, reason)
 	}
 	for key, want := range a.dead {
 		require.Equal(a.t, want, have[key], "the dead letter of the record %s (key %s)", a.names[key], key)
