@@ -336,8 +336,12 @@ func (s seeker) Setup(sess sarama.ConsumerGroupSession) error {
 				oldest = append(oldest, p)
 			}
 		}
-		s.offsets.log.Info("consumer-offsets-seek", "topic", topic, "claimed", len(partitions), "stored", stored,
-			"oldest", oldest)
+		level := slog.LevelInfo
+		if len(stored) == 0 && len(oldest) == 0 {
+			level = slog.LevelDebug // nothing sought: Kafka's offsets hold
+		}
+		s.offsets.log.Log(sess.Context(), level, "consumer-offsets-seek", "topic", topic, "claimed", len(partitions),
+			"stored", stored, "oldest", oldest)
 	}
 	go s.offsets.watch(sess.Context(), LossCheckInterval)
 	return s.ConsumerGroupHandler.Setup(sess)
