@@ -66,6 +66,12 @@ func (p *BatchPublisher) EndPage(commit bool) error {
 	pg := p.page
 	p.page = nil
 	current := p.conn
+	if pg != nil {
+		// A copy: a Publish the caller gave up on (its deadline passed)
+		// may still note its outcome, which then no longer counts.
+		ended := *pg
+		pg = &ended
+	}
 	p.mu.Unlock()
 	if pg != nil && pg.conn != nil && (pg.err != nil || pg.conn != current) {
 		pg.conn.paged.Store(false) // its transaction ended with the failure
@@ -130,6 +136,9 @@ func (p *BatchPublisher) notePage(pg *page, err error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.page != pg {
+		return // the page ended without this Publish's outcome
+	}
 	switch {
 	case err == nil:
 		pg.published++
