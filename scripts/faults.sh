@@ -53,6 +53,12 @@ export PROMOFLOW_PG_SYNCHRONOUS_COMMIT=on
 [[ -z ${PROMOFLOW_FAULTS_KAFKA_PROXIED_PORT:-} ]] || export PROMOFLOW_KAFKA_PROXIED_PORT=$PROMOFLOW_FAULTS_KAFKA_PROXIED_PORT
 [[ -z ${PROMOFLOW_FAULTS_KAFKA_PROXY_PORT:-} ]] || export PROMOFLOW_KAFKA_PROXY_PORT=$PROMOFLOW_FAULTS_KAFKA_PROXY_PORT
 unset DATABASE_URL KAFKA_BROKERS KAFKA_PROXY_ROUTES PROMOFLOW_KAFKA_CONTROLLERS PROMOFLOW_KAFKA_HEAP
+# Every run starts from empty Kafka storage: the topics of scenarios that
+# failed in earlier runs stay on the brokers otherwise, and with thousands of
+# partitions a broker of 512 MB heap ends in OutOfMemoryError (seen as every
+# transactional publish timing out while the coordinator's broker thrashed).
+bash scripts/stack.sh down kafka >/dev/null 2>&1 || true
+rm -f "$PROMOFLOW_STACK_DIR"/kafka*/formatted-for
 trap 'bash scripts/stack.sh down >/dev/null 2>&1 || log "WARNING: stopping the fault stack failed"' EXIT
 stack_env=$(bash scripts/stack.sh up)
 eval "$stack_env"
