@@ -111,6 +111,7 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 		w = screen
 	}
 	log := slog.New(p.handler(w, out.Terminal)).With("service", "dev")
+	logStart(log) // promotion's and catalog's own start-up records are quiet in dev
 	quiet := &quietLogs{stop: ctx}
 	quietLogger := func(service string) *slog.Logger {
 		return slog.New(quiet.wrap(p.handler(w, out.Terminal))).With("service", service)
