@@ -111,7 +111,6 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 		w = screen
 	}
 	log := slog.New(p.handler(w, out.Terminal)).With("service", "dev")
-	logStart(log) // promotion's and catalog's own start-up records are quiet in dev
 	quiet := &quietLogs{stop: ctx}
 	quietLogger := func(service string) *slog.Logger {
 		return slog.New(quiet.wrap(p.handler(w, out.Terminal))).With("service", service)
@@ -152,7 +151,8 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 				return nil // stopped before ready; a part that failed says why
 			}
 			quiet.ready()
-			log.Info("ready", "promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr))
+			// dev's start-up record: promotion's and catalog's own "starting" are quiet here.
+			log.Info("ready", append([]any{"promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr)}, buildInfo().logAttrs()...)...)
 			if d.Demo {
 				d.playDemo(ctx, log, screen, out.OnStep)
 			}
