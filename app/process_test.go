@@ -88,7 +88,14 @@ func runCommand(t *testing.T, env map[string]string, limit time.Duration, args .
 // runCommandToEnd runs `promoflow args...` to its end, within limit.
 func runCommandToEnd(t *testing.T, env map[string]string, limit time.Duration, args ...string) *command {
 	t.Helper()
-	c := startCommand(t, env, args...)
+	return runProgramToEnd(t, os.Args[0], with(env, runMainEnv, "1"), limit, args...)
+}
+
+// runProgramToEnd runs the program bin to its end, within limit, as
+// runCommandToEnd does.
+func runProgramToEnd(t *testing.T, bin string, env map[string]string, limit time.Duration, args ...string) *command {
+	t.Helper()
+	c := startProgram(t, bin, env, args...)
 	_, ended := c.wait(limit)
 	require.True(t, ended, "promoflow %s still runs after %s; output:\n%s", strings.Join(args, " "), limit, c.output())
 	return c

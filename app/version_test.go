@@ -38,8 +38,8 @@ func TestVersion_MatchesTheVersionFile(t *testing.T) {
 // TestVersion_EverySurfaceReportsTheBuild: a promoflow built from this
 // checkout with Go's VCS stamp names the same release, commit and Go version
 // in `promoflow version` (and --version, -version), in a promotion process's
-// start-up log record and its promoflow_build_info, and in `promoflow status
-// --json`; the Helm chart deploys that release.
+// start-up log record and its promoflow_build_info, and in `promoflow status`
+// (its screen and --json); the Helm chart deploys that release.
 func TestVersion_EverySurfaceReportsTheBuild(t *testing.T) {
 	t.Parallel()
 	bin := buildStamped(t)
@@ -75,15 +75,15 @@ func TestVersion_EverySurfaceReportsTheBuild(t *testing.T) {
 	series := fmt.Sprintf(`promoflow_build_info{go_version=%q,revision=%q,version=%q}`, want.GoVersion, want.Revision, want.Version)
 	require.Equal(t, 1.0, metricValue(t, addr, series), "promotion's /metrics has %s 1", series)
 
-	status := startProgram(t, bin, env, "status", "--json")
-	_, ended := status.wait(time.Minute)
-	require.True(t, ended, "promoflow status --json still runs after a minute; output:\n%s", status.output())
+	status := runProgramToEnd(t, bin, env, time.Minute, "status", "--json")
 	var rep struct {
 		Build *build `json:"build"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(status.stdout.String()), &rep), "promoflow status --json prints JSON; output:\n%s", status.output())
 	require.NotNil(t, rep.Build, "promoflow status --json has no build; output:\n%s", status.stdout.String())
 	require.Equal(t, want, *rep.Build, "promoflow status --json's build")
+	screen := runProgramToEnd(t, bin, env, time.Minute, "status").stdout.String()
+	require.Contains(t, screen, "\n  read by "+line+"\n", "promoflow status names the build that read it")
 
 	requireChartIsTheRelease(t, want.Version)
 }
