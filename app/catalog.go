@@ -74,6 +74,7 @@ func runCatalog(ctx context.Context, args []string) error {
 }
 
 func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) error {
+	logStart(log)
 	cluster, err := cfg.Kafka.connect(ctx, log)
 	if err != nil {
 		return err

@@ -151,7 +151,8 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 				return nil // stopped before ready; a part that failed says why
 			}
 			quiet.ready()
-			log.Info("ready", "promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr))
+			// dev's start-up record: promotion's and catalog's own "starting" are quiet here.
+			log.Info("ready", append([]any{"promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr)}, buildInfo().logAttrs()...)...)
 			if d.Demo {
 				d.playDemo(ctx, log, screen, out.OnStep)
 			}

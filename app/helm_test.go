@@ -230,3 +230,18 @@ func checkRules(t *testing.T, rule *monitoringv1.PrometheusRule) {
 	require.NotEmpty(t, file.Groups)
 	require.Equal(t, file.Groups, rule.Spec.Groups)
 }
+
+// requireChartIsTheRelease checks that the chart's version and appVersion
+// (the image tag it deploys by default) are release.
+func requireChartIsTheRelease(t *testing.T, release string) {
+	t.Helper()
+	b, err := os.ReadFile(chartDir + "/Chart.yaml")
+	require.NoError(t, err)
+	var chart struct {
+		Version    string `json:"version"`
+		AppVersion string `json:"appVersion"`
+	}
+	require.NoError(t, yaml.Unmarshal(b, &chart), "Chart.yaml")
+	require.Equal(t, release, chart.Version, "Chart.yaml's version differs from the VERSION file: change both")
+	require.Equal(t, release, chart.AppVersion, "Chart.yaml's appVersion differs from the VERSION file: change both")
+}

@@ -76,6 +76,9 @@ func mutualTLSEnv(b *kafkatest.SecureBroker) map[string]string {
 
 func with(env map[string]string, kv ...string) map[string]string {
 	out := maps.Clone(env)
+	if out == nil {
+		out = map[string]string{}
+	}
 	for i := 0; i+1 < len(kv); i += 2 {
 		if kv[i+1] == "" {
 			delete(out, kv[i])

@@ -31,6 +31,7 @@ Usage:
   promoflow migrate up|status    apply or list the embedded database migrations
   promoflow republish [flags]    write every purchase's current state into the outbox (fills a new purchase topic)
   promoflow outbox drain|thaw    freeze promotion writes and wait until the outbox is published; lift the freeze
+  promoflow version              print the version, the commit it was built from and the Go version (also --version)
   promoflow help                 show this help
 
 Run "promoflow <command> --help" for the settings of a command.
@@ -98,6 +99,11 @@ func run(ctx context.Context, args []string) error {
 		return runRepublish(ctx, rest)
 	case "outbox":
 		return runOutbox(ctx, rest)
+	case "version", "-version", "--version":
+		if len(rest) > 0 {
+			return usageError{fmt.Sprintf("%s takes no arguments", cmd)}
+		}
+		return runVersion(os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return nil

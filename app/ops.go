@@ -17,10 +17,11 @@ import (
 // readyCheck reports why the process cannot serve yet, or nil.
 type readyCheck func(ctx context.Context) error
 
-// newRegistry is a Prometheus registry with the Go and process collectors.
+// newRegistry is a Prometheus registry with the Go and process collectors
+// and promoflow_build_info.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric())
 	return reg
 }
 

@@ -48,13 +48,19 @@ var settingPrefixes = []string{"DATABASE_", "KAFKA_", "HTTP_", "PROMOTION_", "CA
 // ends it (SIGTERM) when it has not ended by itself.
 func startCommand(t *testing.T, env map[string]string, args ...string) *command {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	return startProgram(t, os.Args[0], with(env, runMainEnv, "1"), args...)
+}
+
+// startProgram starts the program bin (the test binary, or a promoflow
+// built by the test) as startCommand does.
+func startProgram(t *testing.T, bin string, env map[string]string, args ...string) *command {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !hasAnyPrefix(kv, settingPrefixes) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, runMainEnv+"=1")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -82,7 +88,14 @@ func runCommand(t *testing.T, env map[string]string, limit time.Duration, args .
 // runCommandToEnd runs `promoflow args...` to its end, within limit.
 func runCommandToEnd(t *testing.T, env map[string]string, limit time.Duration, args ...string) *command {
 	t.Helper()
-	c := startCommand(t, env, args...)
+	return runProgramToEnd(t, os.Args[0], with(env, runMainEnv, "1"), limit, args...)
+}
+
+// runProgramToEnd runs the program bin to its end, within limit, as
+// runCommandToEnd does.
+func runProgramToEnd(t *testing.T, bin string, env map[string]string, limit time.Duration, args ...string) *command {
+	t.Helper()
+	c := startProgram(t, bin, env, args...)
 	_, ended := c.wait(limit)
 	require.True(t, ended, "promoflow %s still runs after %s; output:\n%s", strings.Join(args, " "), limit, c.output())
 	return c

@@ -89,6 +89,7 @@ func runPromotion(ctx context.Context, args []string) error {
 }
 
 func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {
+	logStart(log)
 	tokens, _ := api.ParseTokens(cfg.APITokens)
 	if len(tokens) == 0 {
 		log.Warn("no API tokens configured: every purchase API call answers 401")

@@ -187,11 +187,19 @@ func watchStatus(ctx context.Context, reader *status.Reader, every time.Duration
 	}
 }
 
+// statusJSON is a report as --json prints it: the report's fields, and the
+// build of the promoflow that read it.
+type statusJSON struct {
+	Build build `json:"build"`
+	status.Report
+}
+
 // jsonPrinter prints each report as JSON: indented once, or one line each.
 func jsonPrinter(w io.Writer, indent bool) func(status.Report) error {
 	enc := json.NewEncoder(w)
 	if indent {
 		enc.SetIndent("", "  ")
 	}
-	return func(rep status.Report) error { return enc.Encode(rep) }
+	b := buildInfo()
+	return func(rep status.Report) error { return enc.Encode(statusJSON{Build: b, Report: rep}) }
 }

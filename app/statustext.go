@@ -19,6 +19,7 @@ func printStatus(w io.Writer, rep status.Report, l status.Limits) error {
 		verdict = fmt.Sprintf("RED (%s; exit %d)", strings.TrimPrefix(err.Error(), "red: "), err.(statusExit).code)
 	}
 	p.line("promoflow status at %s: %s", rep.At.Format(time.RFC3339), verdict)
+	p.line("  read by %s", buildInfo())
 	p.expirer(rep.Expirer)
 	p.outbox(rep.Outbox, l)
 	p.consumer(rep.Consumer, l)
