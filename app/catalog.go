@@ -18,6 +18,8 @@ import (
 type catalogConfig struct {
 	commonConfig
 	AdminToken string
+	// AdminRateLimit bounds the admin token's calls.
+	AdminRateLimit api.RateLimit
 	// MemoryLimit is the process's soft memory limit in bytes (0: from the
 	// buffers, -1: none); see memoryLimit.
 	MemoryLimit int
@@ -33,6 +35,7 @@ func (c *catalogConfig) register(s *settings) {
 	s.str(&c.Consumer.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
 	s.str(&c.Consumer.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
 	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
+	rateLimitSettings(s, &c.AdminRateLimit, "admin", "ADMIN", "the admin token")
 	c.registerTimings(s)
 	c.registerBuffers(s)
 	c.Topics.register(s)
@@ -102,17 +105,20 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 		return err
 	}
 	mux := newMux(reg, dbReady(db), brokersReady(cluster.Brokers), routerReady(c.Ready))
-	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, Rebuilder: rebuilder, Log: log}).Register(mux)
+	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, RateLimit: cfg.AdminRateLimit, Rebuilder: rebuilder, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },
-		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, api.JSONErrors(mux), log) },
+		func(ctx context.Context) error {
+			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, api.JSONErrors(mux), log)
+		},
 		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil },
 	)
 }
 
 func (c catalogConfig) validate() error {
 	c.Consumer.Kafka.Brokers = splitList(c.Kafka.Brokers)
-	errs := []error{c.commonConfig.validate(), c.Topics.validate(), validateMemoryLimit(c.MemoryLimit)}
+	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), validateRateLimit(c.AdminRateLimit, "ADMIN"), c.Topics.validate(),
+		validateMemoryLimit(c.MemoryLimit)}
 	if len(c.Consumer.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Consumer.Validate())
 	}

@@ -21,6 +21,7 @@ type commonConfig struct {
 	DatabaseURL    string
 	Kafka          kafkaConfig
 	HTTPAddr       string
+	HTTPLimits     httpLimits
 	MigrateOnStart bool
 	DBMaxConns     int
 	// logSettings are LOG_LEVEL and LOG_FORMAT.
@@ -34,6 +35,7 @@ type commonConfig struct {
 func (c *commonConfig) register(s *settings, httpAddr string) {
 	c.registerStores(s)
 	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
+	c.HTTPLimits.register(s)
 }
 
 // openCommand parses a one-shot command's args (its settings registered with

@@ -25,6 +25,8 @@ type promotionConfig struct {
 	// Topic is the purchase topic: the expirer's and the API's events go there.
 	Topic     string
 	APITokens string
+	// RateLimit bounds each tenant's API calls.
+	RateLimit api.RateLimit
 	Expire    expire.Config
 	Relay     router.PromotionConfig
 	Purchases purchase.ServiceConfig
@@ -35,6 +37,7 @@ func (c *promotionConfig) register(s *settings) {
 	c.commonConfig.register(s, ":8080")
 	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.str(&c.APITokens, "api-tokens", "PROMOTION_API_TOKENS", "", "bearer tokens of tenant managers: token=tenant-uuid,...")
+	rateLimitSettings(s, &c.RateLimit, "api", "API", "each tenant (all its tokens)")
 	s.dur(&c.Expire.Interval, "expire-interval", "EXPIRE_INTERVAL", expire.IntervalDefault, "time between expirer cycles (seed range 1m..5m)")
 	s.int(&c.Expire.BatchSize, "expire-batch-size", "EXPIRE_BATCH_SIZE", expire.BatchSizeDefault, "most purchases one expirer transaction takes")
 	s.dur(&c.Expire.MaxDuration, "expire-max-duration", "EXPIRE_MAX_DURATION", expire.MaxDurationDefault, "most time one cycle spends draining the backlog; a cycle it cuts is followed by the next at once")
@@ -70,7 +73,8 @@ func (c *promotionConfig) wire() {
 
 func (c promotionConfig) validate() error {
 	c.wire()
-	errs := []error{c.commonConfig.validate(), c.Topics.validate(), c.Expire.Validate(), c.Purchases.Validate()}
+	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), validateRateLimit(c.RateLimit, "API"), c.Topics.validate(),
+		c.Expire.Validate(), c.Purchases.Validate()}
 	if _, err := api.ParseTokens(c.APITokens); err != nil {
 		errs = append(errs, err)
 	}
@@ -128,10 +132,12 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	}
 
 	mux := newMux(reg, primaryReady(db), routerReady(r.Router.IsRunning))
-	(&api.Promotions{Service: purchases, Tokens: tokens, Log: log}).Register(mux)
+	(&api.Promotions{Service: purchases, Tokens: tokens, RateLimit: cfg.RateLimit, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
-		func(ctx context.Context) error { return serveHTTP(ctx, cfg.HTTPAddr, api.JSONErrors(mux), log) },
+		func(ctx context.Context) error {
+			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, api.JSONErrors(mux), log)
+		},
 	)
 }
 

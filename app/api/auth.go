@@ -60,13 +60,18 @@ func (t Tokens) tenant(r *http.Request) (uuid.UUID, error) {
 
 type tenantKey struct{}
 
-// authenticate answers 401 unless the request carries a known bearer token.
-func (t Tokens) authenticate(next http.HandlerFunc) http.HandlerFunc {
+// authenticate answers 401 unless the request carries a known bearer token,
+// and 429 when its tenant called faster than lim allows.
+func (t Tokens) authenticate(lim *limiters, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant, err := t.tenant(r)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="promoflow"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required")
+			return
+		}
+		if ok, wait := lim.allow(tenant.String()); !ok {
+			writeTooMany(w, wait)
 			return
 		}
 		next(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))

@@ -27,12 +27,17 @@ type Catalog struct {
 	AdminToken string
 	// Rebuilder runs the projection rebuild; the process stops it at exit.
 	Rebuilder *rebuild.Rebuilder
+	// RateLimit bounds the admin token's calls (429 beyond it).
+	RateLimit RateLimit
 	Log       *slog.Logger
+
+	adminLimit *limiters
 }
 
 // Register mounts the routes on mux, and the API's OpenAPI document at GET /openapi.json.
 func (h *Catalog) Register(mux *http.ServeMux) {
 	serveDocument(mux, catalogDocument)
+	h.adminLimit = newLimiters(h.RateLimit)
 	mux.HandleFunc("PUT /cards/projects/{id}", h.admin(h.putProject))
 	mux.HandleFunc("PUT /cards/property-objects/{id}", h.admin(h.putObject))
 	mux.HandleFunc("GET /cards/projects/{id}", read(h, boost.GetProjectCard, projectView))
@@ -48,6 +53,10 @@ func (h *Catalog) admin(next http.HandlerFunc) http.HandlerFunc {
 		if !ok || h.AdminToken == "" || subtle.ConstantTimeCompare([]byte(token), []byte(h.AdminToken)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="promoflow-admin"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "the admin bearer token is required")
+			return
+		}
+		if ok, wait := h.adminLimit.allow("admin"); !ok {
+			writeTooMany(w, wait)
 			return
 		}
 		next(w, r)

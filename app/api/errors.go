@@ -67,3 +67,10 @@ func writeReadOnly(w http.ResponseWriter) {
 	writeError(w, http.StatusServiceUnavailable, "read_only",
 		"the database takes no writes now (a failover, or a write freeze for maintenance); nothing was written; retry after "+retryAfter+"s")
 }
+
+// WriteOverloaded answers 503 with Retry-After to a request the process has
+// no room for now (HTTP_MAX_IN_FLIGHT requests under way).
+func WriteOverloaded(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "overloaded", "too many requests under way; retry after 1s")
+}

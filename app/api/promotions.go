@@ -18,16 +18,19 @@ import (
 type Promotions struct {
 	Service *purchase.Service
 	Tokens  Tokens
-	Log     *slog.Logger
+	// RateLimit bounds each tenant's calls (429 beyond it).
+	RateLimit RateLimit
+	Log       *slog.Logger
 }
 
 // Register mounts the routes on mux, and the API's OpenAPI document at GET /openapi.json.
 func (h *Promotions) Register(mux *http.ServeMux) {
 	serveDocument(mux, promotionDocument)
-	mux.HandleFunc("POST /promotions", h.Tokens.authenticate(h.create))
-	mux.HandleFunc("GET /promotions", h.Tokens.authenticate(h.list))
-	mux.HandleFunc("GET /promotions/{id}", h.Tokens.authenticate(h.get))
-	mux.HandleFunc("POST /promotions/{id}/cancel", h.Tokens.authenticate(h.cancel))
+	lim := newLimiters(h.RateLimit)
+	mux.HandleFunc("POST /promotions", h.Tokens.authenticate(lim, h.create))
+	mux.HandleFunc("GET /promotions", h.Tokens.authenticate(lim, h.list))
+	mux.HandleFunc("GET /promotions/{id}", h.Tokens.authenticate(lim, h.get))
+	mux.HandleFunc("POST /promotions/{id}/cancel", h.Tokens.authenticate(lim, h.cancel))
 }
 
 // createRequest is the body of POST /promotions (schema CreatePurchase).
