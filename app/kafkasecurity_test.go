@@ -110,7 +110,7 @@ func startPipeline(t *testing.T, kafkaEnv map[string]string, catalogKV ...string
 	suffix := kafkatest.RandomSuffix()
 	p := &pipeline{promotionAddr: freeAddr(t), catalogAddr: freeAddr(t),
 		topic: "pf-secure-" + suffix, dlqTopic: "pf-secure-dlq-" + suffix}
-	p.env = with(kafkaEnv, "DATABASE_URL", pgtest.DatabaseURL(t), "PROMOTION_TOPIC", p.topic,
+	p.env = with(kafkaEnv, "DATABASE_URL", migratedDatabaseURL(t), "PROMOTION_TOPIC", p.topic,
 		"CATALOG_DLQ_TOPIC", p.dlqTopic, "CATALOG_REPLAY_TOPIC", "pf-secure-replay-"+suffix,
 		"CATALOG_CONSUMER_GROUP", "pf-secure-"+suffix, "KAFKA_TOPIC_PARTITIONS", "2", "LOG_LEVEL", "debug")
 	catalog := with(p.env, append([]string{"HTTP_ADDR", p.catalogAddr, "CATALOG_ADMIN_TOKEN", pipelineAdmin}, catalogKV...)...)

@@ -48,7 +48,7 @@ func (e *SchemaBehindError) Error() string {
 func Check(ctx context.Context, db *sql.DB, version string) error {
 	release, err := parseSemver(version)
 	if err != nil {
-		return fmt.Errorf("check schema: this release's %w", err)
+		return fmt.Errorf("this release's %w", err)
 	}
 	all, err := All()
 	if err != nil {
@@ -57,7 +57,7 @@ func Check(ctx context.Context, db *sql.DB, version string) error {
 	var exists, hasColumn bool
 	if err := db.QueryRowContext(ctx, `SELECT to_regclass('public.promoflow_migrations') IS NOT NULL, (`+compatibleFromExists+`)`).
 		Scan(&exists, &hasColumn); err != nil {
-		return fmt.Errorf("check schema: look up migrations table: %w", err)
+		return fmt.Errorf("look up migrations table: %w", err)
 	}
 	if !exists {
 		return &SchemaBehindError{Missing: versions(all), Empty: true}
@@ -68,7 +68,7 @@ func Check(ctx context.Context, db *sql.DB, version string) error {
 	}
 	rows, err := db.QueryContext(ctx, query)
 	if err != nil {
-		return fmt.Errorf("check schema: read applied migrations: %w", err)
+		return fmt.Errorf("read applied migrations: %w", err)
 	}
 	defer rows.Close()
 	applied := map[string]bool{}
@@ -77,19 +77,19 @@ func Check(ctx context.Context, db *sql.DB, version string) error {
 	for rows.Next() {
 		var v, from string
 		if err := rows.Scan(&v, &from); err != nil {
-			return fmt.Errorf("check schema: %w", err)
+			return err
 		}
 		applied[v] = true
 		parsed, err := parseSemver(from)
 		if err != nil {
-			return fmt.Errorf("check schema: migration %s's compatible_from: %w", v, err)
+			return fmt.Errorf("migration %s's compatible_from: %w", v, err)
 		}
 		if release.less(parsed) && (newest == nil || needs.less(parsed)) {
 			newest, needs = &SchemaTooNewError{Release: version, Needs: from, Migration: v}, parsed
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("check schema: %w", err)
+		return fmt.Errorf("read applied migrations: %w", err)
 	}
 	if newest != nil {
 		return newest
