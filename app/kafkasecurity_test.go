@@ -20,7 +20,6 @@ import (
 
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // failFastLimit is how soon a command must end when the brokers refuse its
@@ -160,7 +159,7 @@ func call(t *testing.T, method, url, token, body string) (int, string) {
 // never have listened (so never reported ready).
 func requireRefused(t *testing.T, env map[string]string, cause string, args ...string) string {
 	t.Helper()
-	env = with(env, "DATABASE_URL", pgtest.DatabaseURL(t), "HTTP_ADDR", freeAddr(t),
+	env = with(env, "DATABASE_URL", migratedDatabaseURL(t), "HTTP_ADDR", freeAddr(t),
 		"PROMOTION_TOPIC", "pf-secure-"+kafkatest.RandomSuffix())
 	if len(args) == 0 {
 		args = []string{"promotion"}
