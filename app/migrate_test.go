@@ -21,7 +21,13 @@ import (
 func migratedDatabaseURL(t *testing.T) string {
 	t.Helper()
 	url := pgtest.DatabaseURL(t)
-	pgtest.Open(t, url)
+	// Its sessions are named as those of `promoflow migrate up`: a test that
+	// looks at the server's sessions tells them from the processes'.
+	db, err := sqlmigrate.OpenAs(url, applicationName("migrate"))
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = sqlmigrate.Up(t.Context(), db)
+	require.NoError(t, err)
 	return url
 }
 
