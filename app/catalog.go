@@ -104,7 +104,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	mux := newMux(reg, dbReady(db), brokersReady(cluster.Brokers), routerReady(c.Ready))
+	mux := newMux(reg, dbReady(db), schemaReady(db, log), brokersReady(cluster.Brokers), routerReady(c.Ready))
 	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, RateLimit: cfg.AdminRateLimit, Rebuilder: rebuilder, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },

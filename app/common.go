@@ -18,10 +18,12 @@ import (
 
 // commonConfig is what every process needs.
 type commonConfig struct {
-	DatabaseURL    string
-	Kafka          kafkaConfig
-	HTTPAddr       string
-	HTTPLimits     httpLimits
+	DatabaseURL string
+	Kafka       kafkaConfig
+	HTTPAddr    string
+	HTTPLimits  httpLimits
+	// MigrateOnStart is a process's MIGRATE_ON_START (false but in dev); a
+	// one-shot command never migrates.
 	MigrateOnStart bool
 	DBMaxConns     int
 	// logSettings are LOG_LEVEL and LOG_FORMAT.
@@ -34,6 +36,7 @@ type commonConfig struct {
 
 func (c *commonConfig) register(s *settings, httpAddr string) {
 	c.registerStores(s)
+	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", false, migrateOnStartUsage)
 	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
 	c.HTTPLimits.register(s)
 }
@@ -57,7 +60,6 @@ func (c *commonConfig) registerStores(s *settings) {
 	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/db?sslmode=disable (required)")
 	c.Kafka.register(s)
 	c.logSettings.register(s)
-	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", true, "apply missing migrations at start (safe with several processes)")
 	s.int(&c.DBMaxConns, "db-max-conns", "DB_MAX_CONNS", 20, "most open PostgreSQL connections")
 	s.str(&c.DatabaseDirectURL, "database-direct-url", "DATABASE_DIRECT_URL", "", databaseDirectURLUsage)
 }
@@ -76,7 +78,8 @@ func (c commonConfig) validate() error {
 }
 
 // openProcess sets up a long-running process: tracing from OTEL_* variables
-// and its database (migrated when asked). close undoes both.
+// and its database (migrated when asked, and checked to fit this release).
+// close undoes both.
 func openProcess(ctx context.Context, name string, c commonConfig, log *slog.Logger) (db *sqlx.DB, close func(), err error) {
 	stopTracing, err := setupTracing(ctx, name)
 	if err != nil {

@@ -67,7 +67,7 @@ var kafkaNodes = []string{"kafka-controller-1", "kafka-controller-2", "kafka-con
 // two in sync for a write.
 func TestCompose_DescribesTheWholeStack(t *testing.T) {
 	p := loadCompose(t)
-	require.ElementsMatch(t, append([]string{"postgres", "kafka-topics", "promotion", "catalog", "prometheus", "grafana", "jaeger"}, kafkaNodes...), p.ServiceNames())
+	require.ElementsMatch(t, append([]string{"postgres", "migrate", "kafka-topics", "promotion", "catalog", "prometheus", "grafana", "jaeger"}, kafkaNodes...), p.ServiceNames())
 	const voters = "101@kafka-controller-1:9093,102@kafka-controller-2:9093,103@kafka-controller-3:9093"
 	clusterID := env(t, p.Services["kafka-1"], "CLUSTER_ID")
 	require.NotEmpty(t, clusterID)
@@ -112,9 +112,11 @@ func TestCompose_StartsEachServiceAfterWhatItNeeds(t *testing.T) {
 		"kafka-1":      {"kafka-controller-1": types.ServiceConditionStarted, "kafka-controller-2": types.ServiceConditionStarted, "kafka-controller-3": types.ServiceConditionStarted},
 		"kafka-2":      {"kafka-controller-1": types.ServiceConditionStarted, "kafka-controller-2": types.ServiceConditionStarted, "kafka-controller-3": types.ServiceConditionStarted},
 		"kafka-3":      {"kafka-controller-1": types.ServiceConditionStarted, "kafka-controller-2": types.ServiceConditionStarted, "kafka-controller-3": types.ServiceConditionStarted},
-		"promotion":    {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully},
-		"catalog": {"postgres": types.ServiceConditionHealthy, "kafka-topics": types.ServiceConditionCompletedSuccessfully,
-			"promotion": types.ServiceConditionStarted},
+		"migrate":      {"postgres": types.ServiceConditionHealthy},
+		"promotion": {"postgres": types.ServiceConditionHealthy, "migrate": types.ServiceConditionCompletedSuccessfully,
+			"kafka-topics": types.ServiceConditionCompletedSuccessfully},
+		"catalog": {"postgres": types.ServiceConditionHealthy, "migrate": types.ServiceConditionCompletedSuccessfully,
+			"kafka-topics": types.ServiceConditionCompletedSuccessfully, "promotion": types.ServiceConditionStarted},
 		"prometheus": {"promotion": types.ServiceConditionStarted, "catalog": types.ServiceConditionStarted},
 		"grafana":    {"prometheus": types.ServiceConditionStarted, "jaeger": types.ServiceConditionStarted},
 	}
@@ -132,6 +134,14 @@ func TestCompose_StartsEachServiceAfterWhatItNeeds(t *testing.T) {
 			continue
 		}
 		require.Equal(t, want[name], got, "%s depends on", name)
+	}
+	// The processes never migrate: the migrate service does, on their database, first.
+	migrate := p.Services["migrate"]
+	require.Equal(t, types.ShellCommand{"migrate", "up"}, migrate.Command)
+	require.Equal(t, p.Services["promotion"].Build, migrate.Build, "the processes' image")
+	for _, name := range []string{"promotion", "catalog"} {
+		require.Equal(t, env(t, p.Services[name], "DATABASE_URL"), env(t, migrate, "DATABASE_URL"), name)
+		require.Equal(t, "false", env(t, p.Services[name], "MIGRATE_ON_START"), name)
 	}
 	require.Equal(t, types.HealthCheckTest{"CMD", "pg_isready", "-U", "promoflow", "-d", "promoflow"}, p.Services["postgres"].HealthCheck.Test)
 	for _, name := range kafkaNodes[3:] {

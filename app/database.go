@@ -33,8 +33,9 @@ func registerPreparedStatements(s *settings, disable *bool) {
 // connections at start (a server or a pooler still starting).
 const databaseWaitDefault = 30 * time.Second
 
-// openDB opens the database URL, waiting for PostgreSQL, and applies the
-// missing migrations when asked: on the direct URL when set.
+// openDB opens the database URL, waiting for PostgreSQL, applies the
+// missing migrations when asked (on the direct URL when set), and refuses a
+// schema that does not fit this release (checkSchema).
 func openDB(ctx context.Context, name string, c commonConfig, log *slog.Logger) (*sqlx.DB, error) {
 	db, err := openPool(ctx, name, c.DatabaseURL, c.DBMaxConns, log)
 	if err != nil {
@@ -45,6 +46,10 @@ func openDB(ctx context.Context, name string, c commonConfig, log *slog.Logger) 
 			db.Close()
 			return nil, err
 		}
+	}
+	if err := checkSchema(ctx, db); err != nil {
+		db.Close()
+		return nil, err
 	}
 	return db, nil
 }

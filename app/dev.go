@@ -73,6 +73,7 @@ func parseDev(args []string) (devConfig, error) {
 		"then plays a live demo: a small catalog, one purchase per target kind, the cards' boosts as they change.\n"+
 		"Every setting of \"promotion\" and \"catalog\" is read from the environment.")
 	p.register(ps)
+	defaultMigrateOnStart(ps, &p.commonConfig)
 	var catalogAddr string
 	ps.str(&catalogAddr, "catalog-http-addr", "DEV_CATALOG_HTTP_ADDR", "127.0.0.1:8081", "listen address of the catalog's API, /healthz, /readyz and /metrics (--http-addr is the promotion's)")
 	ps.bool(&d.Demo, "demo", "PROMOFLOW_DEMO", true, "seed a small catalog, make one purchase per target kind and show the cards' boosts as they change (a live table on a terminal)")

@@ -93,7 +93,7 @@ func runDLQPark(ctx context.Context, args []string) error {
 	if err := errors.Join(c.logs.validate(), errors.Join(errs...)); err != nil {
 		return err
 	}
-	db, err := openPool(ctx, "dlq-park", c.DatabaseURL, 1, c.logs.logger("dlq-park"))
+	db, err := openCheckedPool(ctx, "dlq-park", c.DatabaseURL, 1, c.logs.logger("dlq-park"))
 	if err != nil {
 		return err
 	}

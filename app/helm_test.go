@@ -209,9 +209,9 @@ func TestHelm_ChartLintsAndRendersOnlyObjectsTheKubernetesAPIAccepts(t *testing.
 					require.Equal(t, "app.kubernetes.io/component", o.Spec.JobLabel, "job=promotion and job=catalog, as the alerts read them")
 				}
 			}
-			want := map[string]int{"Deployment": 2, "Service": 2, "PodDisruptionBudget": 2}
+			want := map[string]int{"Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "Job": 1}
 			if values != "" {
-				want["Job"], want["ServiceMonitor"], want["PrometheusRule"] = 3, 2, 1
+				want["Job"], want["ServiceMonitor"], want["PrometheusRule"] = 4, 2, 1
 			}
 			require.Equal(t, want, kinds)
 		})
@@ -244,4 +244,46 @@ func requireChartIsTheRelease(t *testing.T, release string) {
 	require.NoError(t, yaml.Unmarshal(b, &chart), "Chart.yaml")
 	require.Equal(t, release, chart.Version, "Chart.yaml's version differs from the VERSION file: change both")
 	require.Equal(t, release, chart.AppVersion, "Chart.yaml's appVersion differs from the VERSION file: change both")
+}
+
+// TestHelm_MigrationsRunInAHookJobBeforeTheProcesses: helm install and helm
+// upgrade run `promoflow migrate up` as a pre-install,pre-upgrade hook Job,
+// on the direct URL when one is set, before any pod of the release starts;
+// the processes themselves never migrate.
+func TestHelm_MigrationsRunInAHookJobBeforeTheProcesses(t *testing.T) {
+	t.Parallel()
+	for name, values := range map[string]string{"default values": "", "SASL_SSL and PgBouncer": chartSASLValues} {
+		t.Run(name, func(t *testing.T) {
+			var migrate *batchv1.Job
+			deployments := 0
+			for _, obj := range renderChart(t, values) {
+				switch o := obj.(type) {
+				case *batchv1.Job:
+					if o.Spec.Template.Spec.Containers[0].Args[0] == "migrate" {
+						require.Nil(t, migrate, "one migrate Job")
+						migrate = o
+					}
+				case *appsv1.Deployment:
+					deployments++
+					env := map[string]string{}
+					for _, e := range o.Spec.Template.Spec.Containers[0].Env {
+						env[e.Name] = e.Value
+					}
+					require.Equal(t, "false", env["MIGRATE_ON_START"], "%s migrates at start", o.Name)
+				}
+			}
+			require.Equal(t, 2, deployments)
+			require.NotNil(t, migrate, "no Job runs promoflow migrate")
+			require.Equal(t, []string{"migrate", "up"}, migrate.Spec.Template.Spec.Containers[0].Args)
+			require.Equal(t, "pre-install,pre-upgrade", migrate.Annotations["helm.sh/hook"])
+			require.Contains(t, migrate.Annotations["helm.sh/hook-delete-policy"], "before-hook-creation",
+				"a hook Job of the revision before does not block this one")
+			env := map[string]bool{}
+			for _, e := range migrate.Spec.Template.Spec.Containers[0].Env {
+				env[e.Name] = true
+			}
+			require.True(t, env["DATABASE_URL"])
+			require.Equal(t, values != "", env["DATABASE_DIRECT_URL"], "migrations run on the server itself behind PgBouncer")
+		})
+	}
 }

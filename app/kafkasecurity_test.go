@@ -20,7 +20,6 @@ import (
 
 	"github.com/promoflow/promoflow/router/kafkakit"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // failFastLimit is how soon a command must end when the brokers refuse its
@@ -110,7 +109,7 @@ func startPipeline(t *testing.T, kafkaEnv map[string]string, catalogKV ...string
 	suffix := kafkatest.RandomSuffix()
 	p := &pipeline{promotionAddr: freeAddr(t), catalogAddr: freeAddr(t),
 		topic: "pf-secure-" + suffix, dlqTopic: "pf-secure-dlq-" + suffix}
-	p.env = with(kafkaEnv, "DATABASE_URL", pgtest.DatabaseURL(t), "PROMOTION_TOPIC", p.topic,
+	p.env = with(kafkaEnv, "DATABASE_URL", migratedDatabaseURL(t), "PROMOTION_TOPIC", p.topic,
 		"CATALOG_DLQ_TOPIC", p.dlqTopic, "CATALOG_REPLAY_TOPIC", "pf-secure-replay-"+suffix,
 		"CATALOG_CONSUMER_GROUP", "pf-secure-"+suffix, "KAFKA_TOPIC_PARTITIONS", "2", "LOG_LEVEL", "debug")
 	catalog := with(p.env, append([]string{"HTTP_ADDR", p.catalogAddr, "CATALOG_ADMIN_TOKEN", pipelineAdmin}, catalogKV...)...)
@@ -160,7 +159,7 @@ func call(t *testing.T, method, url, token, body string) (int, string) {
 // never have listened (so never reported ready).
 func requireRefused(t *testing.T, env map[string]string, cause string, args ...string) string {
 	t.Helper()
-	env = with(env, "DATABASE_URL", pgtest.DatabaseURL(t), "HTTP_ADDR", freeAddr(t),
+	env = with(env, "DATABASE_URL", migratedDatabaseURL(t), "HTTP_ADDR", freeAddr(t),
 		"PROMOTION_TOPIC", "pf-secure-"+kafkatest.RandomSuffix())
 	if len(args) == 0 {
 		args = []string{"promotion"}

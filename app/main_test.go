@@ -16,7 +16,6 @@ import (
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 func TestRun_UnknownCommandIsAClearError(t *testing.T) {
@@ -70,7 +69,7 @@ func TestPromotionCommand_HelpListsEverySettingWithItsVariable(t *testing.T) {
 // with EndsAt two seconds ahead reaches the topic as Active, then as Expired.
 func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.DatabaseURL(t)
+	dbURL := migratedDatabaseURL(t)
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())

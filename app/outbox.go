@@ -73,7 +73,7 @@ func runOutbox(ctx context.Context, args []string) error {
 		return err
 	}
 	name := "outbox-" + action
-	db, err := openPool(ctx, name, c.DatabaseURL, 2, c.logs.logger(name))
+	db, err := openCheckedPool(ctx, name, c.DatabaseURL, 2, c.logs.logger(name))
 	if err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ import (
 // cycles run; `promoflow outbox thaw` lifts it, and both write again.
 func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
 	t.Parallel()
-	url := pgtest.DatabaseURL(t)
+	url := migratedDatabaseURL(t)
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, topic)
 	env := envOf("DATABASE_URL="+url, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","))

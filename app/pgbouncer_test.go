@@ -55,20 +55,21 @@ func (p *pooled) env(t *testing.T, addr string, more ...string) []string {
 		"HTTP_ADDR=" + addr, "PROMOTION_TOPIC=" + p.topic, "KAFKA_TOPIC_PARTITIONS=4", "LOG_LEVEL=info"}, more...)
 }
 
-// startPromotion runs the promotion process; it migrates on the direct URL.
+// startPromotion runs the promotion process; it migrates at start, on the
+// direct URL.
 func (p *pooled) startPromotion(t *testing.T) (string, *command) {
 	addr := freeAddr(t)
-	proc := startCommand(t, envOf(p.env(t, addr, "DATABASE_DIRECT_URL="+p.direct, "EXPIRE_INTERVAL=500ms",
+	proc := startCommand(t, envOf(p.env(t, addr, "MIGRATE_ON_START=true", "DATABASE_DIRECT_URL="+p.direct, "EXPIRE_INTERVAL=500ms",
 		"PROMOTION_API_TOKENS="+pooledToken+"="+pooledTenant)...), "promotion")
 	proc.waitReady(t, addr)
 	return addr, proc
 }
 
 // startCatalog runs the catalog process with prepared statements off; it
-// migrates through the pooler.
+// migrates at start, through the pooler.
 func (p *pooled) startCatalog(t *testing.T) (string, *command) {
 	addr := freeAddr(t)
-	proc := startCommand(t, envOf(p.env(t, addr, "DATABASE_PREPARED_STATEMENTS=false", "CATALOG_ADMIN_TOKEN="+pooledAdmin,
+	proc := startCommand(t, envOf(p.env(t, addr, "MIGRATE_ON_START=true", "DATABASE_PREPARED_STATEMENTS=false", "CATALOG_ADMIN_TOKEN="+pooledAdmin,
 		"CATALOG_REPLAY_TOPIC="+p.topic+"-replay", "CATALOG_DLQ_TOPIC="+p.topic+"-dlq",
 		"CATALOG_CONSUMER_GROUP=pf-test-"+kafkatest.RandomSuffix(), "CATALOG_RETRY_MAX=2s")...), "catalog")
 	proc.waitReady(t, addr)

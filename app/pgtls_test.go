@@ -40,7 +40,7 @@ func TestPostgresTLS_VerifyFull(t *testing.T) {
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, topic)
 	addr := freeAddr(t)
-	p := startCommand(t, envOf([]string{"DATABASE_URL=" + dbURL, "KAFKA_BROKERS=" + strings.Join(kafkatest.Brokers(t), ",")}...),
+	p := startCommand(t, envOf([]string{"DATABASE_URL=" + dbURL, "KAFKA_BROKERS=" + strings.Join(kafkatest.Brokers(t), ","), "MIGRATE_ON_START=true"}...),
 		"promotion", "--http-addr", addr, "--topic", topic, "--topic-partitions", "1",
 		"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
 	p.waitReady(t, addr)

@@ -131,7 +131,7 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 		return err
 	}
 
-	mux := newMux(reg, primaryReady(db), routerReady(r.Router.IsRunning))
+	mux := newMux(reg, primaryReady(db), schemaReady(db, log), routerReady(r.Router.IsRunning))
 	(&api.Promotions{Service: purchases, Tokens: tokens, RateLimit: cfg.RateLimit, Log: log}).Register(mux)
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },

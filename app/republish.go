@@ -49,7 +49,7 @@ func runRepublish(ctx context.Context, args []string) error {
 		return err
 	}
 	log := logs.logger("republish")
-	db, err := openPool(ctx, "republish", dbURL, 2, log)
+	db, err := openCheckedPool(ctx, "republish", dbURL, 2, log)
 	if err != nil {
 		return err
 	}

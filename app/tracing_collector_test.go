@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // TestTracing_ProcessesExportEachChangeAsOneTraceToACollector runs the real
@@ -27,7 +26,7 @@ func TestTracing_ProcessesExportEachChangeAsOneTraceToACollector(t *testing.T) {
 	for _, tp := range []string{topic, topic + "-replay", topic + "-dlq"} {
 		kafkatest.CleanupTopic(t, tp)
 	}
-	common := []string{"DATABASE_URL=" + pgtest.DatabaseURL(t), "KAFKA_BROKERS=" + strings.Join(kafkatest.Brokers(t), ","),
+	common := []string{"DATABASE_URL=" + migratedDatabaseURL(t), "KAFKA_BROKERS=" + strings.Join(kafkatest.Brokers(t), ","),
 		"PROMOTION_TOPIC=" + topic, "KAFKA_TOPIC_PARTITIONS=2", "LOG_LEVEL=warn",
 		"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100"}
 	promotion, catalog := freeAddr(t), freeAddr(t)

@@ -18,7 +18,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // recordedSpans is the span recorder of the processes a test runs inside the
@@ -40,7 +39,7 @@ var recordedSpans = sync.OnceValue(func() *tracetest.SpanRecorder {
 func TestTracing_CreateToCardIsOneTrace(t *testing.T) {
 	t.Parallel()
 	rec := recordedSpans()
-	dbURL, topic, suffix := pgtest.DatabaseURL(t), "pf-test-"+kafkatest.RandomSuffix(), kafkatest.RandomSuffix()
+	dbURL, topic, suffix := migratedDatabaseURL(t), "pf-test-"+kafkatest.RandomSuffix(), kafkatest.RandomSuffix()
 	for _, tp := range []string{topic, topic + "-replay", topic + "-dlq"} {
 		kafkatest.CleanupTopic(t, tp)
 	}

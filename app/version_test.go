@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promoflow/promoflow/router/kafkakit/kafkatest"
-	"github.com/promoflow/promoflow/sqlmigrate/pgtest"
 )
 
 // releaseFile is the release the repository's VERSION file names.
@@ -56,7 +55,7 @@ func TestVersion_EverySurfaceReportsTheBuild(t *testing.T) {
 		require.Equal(t, line+"\n", string(out), "promoflow %s prints the build's one line", arg)
 	}
 
-	url := pgtest.DatabaseURL(t)
+	url := migratedDatabaseURL(t)
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, topic)
 	env := envOf("DATABASE_URL="+url, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","), "PROMOTION_TOPIC="+topic,

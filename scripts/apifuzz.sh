@@ -140,6 +140,9 @@ start() {
 	die "$name not ready after 120s"
 }
 
+# The migrations are a step of their own, before the processes start.
+DATABASE_URL="$FUZZ_DATABASE_URL" "$LOG_DIR/promoflow" migrate up >"$LOG_DIR/migrate.log" 2>&1 ||
+	{ tail -n 20 "$LOG_DIR/migrate.log" >&2; die "promoflow migrate up failed"; }
 start promotion promotion PROMOTION_API_TOKENS="$TENANT_TOKEN=$TENANT"
 PROMOTION_ADDR=$ADDR
 start catalog catalog CATALOG_ADMIN_TOKEN="$ADMIN_TOKEN" CATALOG_CONSUMER_GROUP="apifuzz.$RUN" \

@@ -10,6 +10,7 @@
 # Without DATABASE_URL it starts a private PostgreSQL (scripts/stack.sh up
 # postgres, installing Debian's postgresql when missing). Without
 # KAFKA_BROKERS, `promoflow dev` runs an embedded in-process Kafka broker.
+# It applies the migrations first (`promoflow migrate up`), as a release does.
 # Stop with Ctrl-C; scripts/stack.sh down stops the PostgreSQL it started.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,4 +24,5 @@ fi
 export DATABASE_URL
 mkdir -p bin
 go build -o bin/promoflow ./app
+bin/promoflow migrate up
 exec bin/promoflow dev "$@"

@@ -24,9 +24,16 @@ const lockKey = 7_301_914_221
 type Migration struct {
 	Version string // file name without .sql, e.g. 0001_promotion_purchases
 	SQL     string
+	// Kind is what its first line declares: expand or contract.
+	Kind Kind
+	// CompatibleFrom is the oldest release that runs on the schema once it is
+	// applied: a contract migration's header names it, an expand migration
+	// keeps the one before it (0.1.0 for the first).
+	CompatibleFrom string
 }
 
-// All returns every embedded migration in version order.
+// All returns every embedded migration in version order; a file whose first
+// line declares no kind fails it (HeaderError).
 func All() ([]Migration, error) {
 	names, err := fs.Glob(files, "migrations/*.sql")
 	if err != nil {
@@ -34,13 +41,19 @@ func All() ([]Migration, error) {
 	}
 	sort.Strings(names)
 	out := make([]Migration, 0, len(names))
+	compatibleFrom := baseline
 	for _, name := range names {
 		body, err := files.ReadFile(name)
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", name, err)
 		}
 		version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
-		out = append(out, Migration{Version: version, SQL: string(body)})
+		kind, from, err := parseHeader(version, string(body), compatibleFrom)
+		if err != nil {
+			return nil, err
+		}
+		compatibleFrom = from
+		out = append(out, Migration{Version: version, SQL: string(body), Kind: kind, CompatibleFrom: from})
 	}
 	return out, nil
 }
@@ -85,8 +98,7 @@ func Up(ctx context.Context, db *sql.DB) ([]string, error) {
 				return err
 			}
 			ran = true
-			_, err := tx.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version) VALUES ($1)`, m.Version)
-			return err
+			return record(ctx, tx, m)
 		}); err != nil {
 			return applied, err
 		}
@@ -96,6 +108,27 @@ func Up(ctx context.Context, db *sql.DB) ([]string, error) {
 	}
 	return applied, nil
 }
+
+// record writes m into the migrations table, with its compatible_from once
+// the table has that column (0021_migrations_compatible_from adds it).
+func record(ctx context.Context, tx *sql.Tx, m Migration) error {
+	var hasColumn bool
+	if err := tx.QueryRowContext(ctx, compatibleFromExists).Scan(&hasColumn); err != nil {
+		return fmt.Errorf("look up compatible_from: %w", err)
+	}
+	if !hasColumn {
+		_, err := tx.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version) VALUES ($1)`, m.Version)
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version, compatible_from) VALUES ($1, $2)`,
+		m.Version, m.CompatibleFrom)
+	return err
+}
+
+// compatibleFromExists says whether the migrations table has its
+// compatible_from column.
+const compatibleFromExists = `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+	WHERE table_schema = 'public' AND table_name = 'promoflow_migrations' AND column_name = 'compatible_from')`
 
 // inLockedTx runs fn in a transaction that holds the migrators' lock.
 func inLockedTx(ctx context.Context, db *sql.DB, what string, fn func(*sql.Tx) error) error {

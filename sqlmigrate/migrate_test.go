@@ -78,3 +78,42 @@ func TestStatus_OnAnEmptyDatabaseListsEveryMigrationAsPending(t *testing.T) {
 		require.False(t, done, v)
 	}
 }
+
+// TestUp_ADatabaseMigratedBeforeCompatibleFromGetsTheBaseline: on a database
+// that a release before the compatible_from column migrated, Up applies only
+// the column's migration; the rows already there say 0.1.0, so that release
+// and this one pass Check, and an older one is refused.
+func TestUp_ADatabaseMigratedBeforeCompatibleFromGetsTheBaseline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sqlmigrate.Open(pgtest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer db.Close()
+	all, err := sqlmigrate.All()
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `CREATE TABLE public.promoflow_migrations (
+		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(t, err)
+	const column = "0021_migrations_compatible_from"
+	for _, m := range all {
+		if m.Version < column {
+			_, err = db.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version) VALUES ($1)`, m.Version)
+			require.NoError(t, err)
+		}
+	}
+	var behind *sqlmigrate.SchemaBehindError
+	require.ErrorAs(t, sqlmigrate.Check(ctx, db, "0.2.0"), &behind)
+	require.Contains(t, behind.Missing, column)
+
+	applied, err := sqlmigrate.Up(ctx, db)
+	require.NoError(t, err)
+	require.Contains(t, applied, column)
+	var others int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM public.promoflow_migrations WHERE compatible_from <> '0.1.0'`).Scan(&others))
+	require.Zero(t, others, "every row, those applied before the column included, allows 0.1.0")
+	require.NoError(t, sqlmigrate.Check(ctx, db, "0.1.0"))
+	require.NoError(t, sqlmigrate.Check(ctx, db, "0.2.0"))
+	var tooNew *sqlmigrate.SchemaTooNewError
+	require.ErrorAs(t, sqlmigrate.Check(ctx, db, "0.0.9"), &tooNew)
+	require.Equal(t, "0.1.0", tooNew.Needs)
+}

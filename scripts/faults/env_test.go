@@ -159,8 +159,9 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	for _, p := range e.all() {
 		p.unexpected = func(p *proc, x exitRecord) { e.violate("%s exited: %s (log %s)", p.name, x, p.logs) }
 	}
+	migrateUp(t, s, e.dbURL)
 	e.started = time.Now()
-	// One process first: it applies the migrations and creates the topics.
+	// One process first: it creates the topics.
 	e.promotions[0].start(t)
 	for _, p := range e.all()[1:] {
 		p.start(t)

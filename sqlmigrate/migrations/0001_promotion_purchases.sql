@@ -1,4 +1,4 @@
--- The PromotionPurchase aggregate of the promotion context.
+-- expand: The PromotionPurchase aggregate of the promotion context.
 CREATE SCHEMA IF NOT EXISTS promotion;
 
 CREATE TABLE promotion.promotion_purchases (

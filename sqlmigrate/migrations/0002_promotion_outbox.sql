@@ -1,4 +1,4 @@
--- The SQL outbox in watermill-sql v3's PostgreSQL layout (DefaultPostgreSQLSchema and
+-- expand: The SQL outbox in watermill-sql v3's PostgreSQL layout (DefaultPostgreSQLSchema and
 -- DefaultPostgreSQLOffsetsAdapter), created here so that no process initialises
 -- schema at run time.
 CREATE TABLE promotion.outbox_messages (

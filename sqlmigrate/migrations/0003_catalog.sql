@@ -1,4 +1,4 @@
--- The catalog context: storefront cards (fed by chessboard), the replica of
+-- expand: The catalog context: storefront cards (fed by chessboard), the replica of
 -- promotion contributions and the Promotion Boost consumer's dedup marks.
 CREATE SCHEMA IF NOT EXISTS catalog;
 

@@ -1,4 +1,4 @@
--- Every table that grows with traffic has a way to shrink: these indexes serve
+-- expand: Every table that grows with traffic has a way to shrink: these indexes serve
 -- the janitors that delete dedup marks and idempotency keys past their retention.
 CREATE INDEX processed_messages_processed_at_idx
     ON catalog.processed_messages (processed_at);

@@ -1,4 +1,4 @@
--- One projection rebuild at a time across every process: the one row in state
+-- expand: One projection rebuild at a time across every process: the one row in state
 -- 'running' is the lease, kept fresh by the rebuild's progress writes. (A
 -- session advisory lock would stay with whichever server connection a pooler
 -- in transaction mode lent at that moment.) Older running rows, if any, are

@@ -1,4 +1,4 @@
--- A rebuild builds the new projection beside the live one and switches to it
+-- expand: A rebuild builds the new projection beside the live one and switches to it
 -- in one transaction (router/rebuild): its row names the phase it is in and
 -- what it built. The columns applied and duplicates counted records replayed
 -- through the consumer by the rebuilds before; they stay for the rows those

@@ -1,4 +1,4 @@
--- The relay's horizon and its position guard (docs/architecture.md, "The relay's
+-- expand: The relay's horizon and its position guard (docs/architecture.md, "The relay's
 -- horizon" and "The relay position").
 --
 -- watermill-sql relays the outbox rows of transactions below the snapshot's

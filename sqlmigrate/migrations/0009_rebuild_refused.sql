@@ -1,4 +1,4 @@
--- A record whose row PostgreSQL refuses (a value out of its range) is left
+-- expand: A record whose row PostgreSQL refuses (a value out of its range) is left
 -- out of a rebuild and counted, rather than failing it: on a compacted topic
 -- the record stays for ever. refused counts them; refused_records names the
 -- first ten by partition and offset, with the SQLSTATE and PostgreSQL's

@@ -1,4 +1,4 @@
--- What `promoflow status` reads when no process answers it: the expirer's last
+-- expand: What `promoflow status` reads when no process answers it: the expirer's last
 -- cycle and the catalog's last card check, each one row that the newest run
 -- overwrites (an upsert, so the tables never grow).
 

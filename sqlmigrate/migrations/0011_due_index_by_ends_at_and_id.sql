@@ -1,4 +1,4 @@
--- The expirer's scan in (EndsAt, Id) order: a cycle's next batch starts past
+-- expand: The expirer's scan in (EndsAt, Id) order: a cycle's next batch starts past
 -- the last row the one before it selected, so it does not walk the index
 -- entries of the purchases the cycle already expired. Those stay in a partial
 -- index until a vacuum removes them, and with (EndsAt) alone a burst of

@@ -1,4 +1,4 @@
--- Expand: adds a table that the previous release does not read.
+-- expand: adds a table that the previous release does not read.
 -- The Promotion Boost consumer's position, kept with the projection it
 -- describes: each partition's next offset, written by the consumer's group
 -- commit in the same transaction as the replica, the card boosts and the

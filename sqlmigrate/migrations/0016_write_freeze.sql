@@ -1,4 +1,4 @@
--- Expand: adds the promotion context's write freeze (a table and a function);
+-- expand: adds the promotion context's write freeze (a table and a function);
 -- the previous release neither reads nor writes them, and runs on unchanged.
 --
 -- `promoflow outbox drain` sets the freeze before a cutover (an upgrade by

@@ -1,4 +1,4 @@
--- Expand: adds catalog.processed_records, the consumer's dedup marks keyed by
+-- expand: adds catalog.processed_records, the consumer's dedup marks keyed by
 -- digests; catalog.processed_messages stays as it is, and the previous release
 -- runs on unchanged.
 --

@@ -1,4 +1,4 @@
--- Expand: adds a table that the previous release neither reads nor writes.
+-- expand: adds a table that the previous release neither reads nor writes.
 --
 -- An operator's way past a record that the Promotion Boost consumer retries
 -- without end (a transient or systemic class that never clears for that one

@@ -1,4 +1,4 @@
--- Expand: adds a table that the previous release neither reads nor writes.
+-- expand: adds a table that the previous release neither reads nor writes.
 --
 -- The record each partition's consumer keeps failing on, written by the
 -- consumer's retry (at most every few seconds a partition) so that

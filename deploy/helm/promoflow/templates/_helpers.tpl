@@ -31,8 +31,9 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- define "promoflow.kafkaSASLDir" -}}/run/secrets/kafka-sasl{{- end -}}
 
 {{/*
-The settings of a command: (dict "root" $ "database" bool). Every command
-reaches Kafka the same way; the database is for those that take one.
+The settings of a command: (dict "root" $ "database" bool "kafka" bool).
+Every command reaches Kafka the same way (kafka false: one that takes none,
+promoflow migrate); the database is for those that take one.
 */}}
 {{- define "promoflow.env" -}}
 {{- $v := .root.Values -}}
@@ -46,6 +47,7 @@ reaches Kafka the same way; the database is for those that take one.
     secretKeyRef: {name: {{ $v.database.secretName | quote }}, key: {{ . | quote }}}
 {{- end }}
 {{- end }}
+{{- if or (not (hasKey . "kafka")) .kafka }}
 - name: KAFKA_BROKERS
   value: {{ $v.kafka.brokers | quote }}
 {{- with $v.kafka.tls }}
@@ -80,6 +82,7 @@ reaches Kafka the same way; the database is for those that take one.
   value: {{ .username | quote }}
 - name: KAFKA_SASL_PASSWORD_FILE
   value: {{ printf "%s/%s" (include "promoflow.kafkaSASLDir" $) .passwordKey | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 - name: LOG_LEVEL
