@@ -42,7 +42,8 @@ type command struct {
 // settingPrefixes are the environment variables promoflow reads: a command
 // gets those of its test only, not the ones the test run has.
 var settingPrefixes = []string{"DATABASE_", "KAFKA_", "HTTP_", "PROMOTION_", "CATALOG_", "EXPIRE_", "OUTBOX_",
-	"DLQ_", "AUDIT_", "REBUILD_", "STATUS_", "LOG_", "MIGRATE_", "DB_", "IDEMPOTENCY_", "OTEL_", "DEV_", "PROMOFLOW_DEMO", "NO_COLOR"}
+	"DLQ_", "AUDIT_", "REBUILD_", "STATUS_", "LOG_", "MIGRATE_", "DB_", "IDEMPOTENCY_", "OTEL_", "DEV_", "PROMOFLOW_DEMO", "NO_COLOR",
+	"API_", "ADMIN_"}
 
 // startCommand starts `promoflow args...` with env as its settings; the test
 // ends it (SIGTERM) when it has not ended by itself.
