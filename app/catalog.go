@@ -109,7 +109,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return c.Run(ctx) },
 		func(ctx context.Context) error {
-			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, api.JSONErrors(mux), log)
+			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, cfg.APIEdge, api.JSONErrors(mux), log)
 		},
 		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil },
 	)
@@ -117,7 +117,7 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 
 func (c catalogConfig) validate() error {
 	c.Consumer.Kafka.Brokers = splitList(c.Kafka.Brokers)
-	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), validateRateLimit(c.AdminRateLimit, "ADMIN"), c.Topics.validate(),
+	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), c.APIEdge.validate(), validateRateLimit(c.AdminRateLimit, "ADMIN"), c.Topics.validate(),
 		validateMemoryLimit(c.MemoryLimit)}
 	if len(c.Consumer.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Consumer.Validate())

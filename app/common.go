@@ -22,6 +22,8 @@ type commonConfig struct {
 	Kafka       kafkaConfig
 	HTTPAddr    string
 	HTTPLimits  httpLimits
+	// APIEdge is what the API keeps of a caller's trace headers.
+	APIEdge apiPropagation
 	// MigrateOnStart is a process's MIGRATE_ON_START (false but in dev); a
 	// one-shot command never migrates.
 	MigrateOnStart bool
@@ -39,6 +41,7 @@ func (c *commonConfig) register(s *settings, httpAddr string) {
 	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", false, migrateOnStartUsage)
 	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
 	c.HTTPLimits.register(s)
+	c.APIEdge.register(s)
 }
 
 // openCommand parses a one-shot command's args (its settings registered with

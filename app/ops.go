@@ -51,15 +51,16 @@ func newMux(reg *prometheus.Registry, ready ...readyCheck) *http.ServeMux {
 }
 
 // serveHTTP listens on addr until ctx ends, then drains requests for up to 10s.
-// Each API request gets a server span (serverSpans); limits bound the
-// connections and requests it holds, and every request's header.
-func serveHTTP(ctx context.Context, addr string, limits httpLimits, h http.Handler, log *slog.Logger) error {
+// Each API request gets a server span (serverSpans) from what edge keeps of
+// its trace headers; limits bound the connections and requests it holds,
+// and every request's header.
+func serveHTTP(ctx context.Context, addr string, limits httpLimits, edge apiPropagation, h http.Handler, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	ln = limits.listener(ln)
-	srv := &http.Server{Handler: limits.handler(serverSpans(h)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	srv := &http.Server{Handler: limits.handler(serverSpans(h, edge)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 30 * time.Second, MaxHeaderBytes: maxHeaderBytes}
 	log.Info("http listening", "addr", ln.Addr().String())
 	errc := make(chan error, 1)

@@ -73,7 +73,7 @@ func (c *promotionConfig) wire() {
 
 func (c promotionConfig) validate() error {
 	c.wire()
-	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), validateRateLimit(c.RateLimit, "API"), c.Topics.validate(),
+	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), c.APIEdge.validate(), validateRateLimit(c.RateLimit, "API"), c.Topics.validate(),
 		c.Expire.Validate(), c.Purchases.Validate()}
 	if _, err := api.ParseTokens(c.APITokens); err != nil {
 		errs = append(errs, err)
@@ -136,7 +136,7 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 	return runAll(ctx, log,
 		func(ctx context.Context) error { return r.Run(ctx) },
 		func(ctx context.Context) error {
-			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, api.JSONErrors(mux), log)
+			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, cfg.APIEdge, api.JSONErrors(mux), log)
 		},
 	)
 }
