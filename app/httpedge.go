@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -35,11 +36,14 @@ func (p *apiPropagation) register(s *settings) {
 		"make an API caller's traceparent the parent of the request's trace (only behind callers you trust); otherwise the request starts a new trace linked to it")
 }
 
+// baggageKey is a W3C Baggage key: an HTTP token (RFC 9110).
+var baggageKey = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
 func (p apiPropagation) validate() error {
 	var errs []error
 	for _, key := range p.allowedKeys() {
-		if _, err := baggage.NewMemberRaw(key, ""); err != nil {
-			errs = append(errs, fmt.Errorf("API_BAGGAGE_ALLOW (--api-baggage-allow): %q is not a baggage key (W3C Baggage: a token, no spaces or separators)", key))
+		if !baggageKey.MatchString(key) {
+			errs = append(errs, fmt.Errorf("API_BAGGAGE_ALLOW (--api-baggage-allow): %q is not a baggage key (W3C Baggage: a token, no spaces or separators); give keys separated by commas", key))
 		}
 	}
 	return errors.Join(errs...)
