@@ -1,6 +1,7 @@
 package dlqreplay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,10 +22,10 @@ import (
 // of a dead letter carries its first origin (middleware.PoisonQueue keeps
 // it on a replayed record), so one row per origin covers them all.
 //
-// A run writes the row only after the replay topic acknowledged the record:
-// a crash between the two loses nothing, and at worst replays that one
-// record again in the next run, which the consumer's dedup (its MessageId)
-// absorbs.
+// A run writes the row only after the replay topic acknowledged the record
+// (replayOnce): a crash between the two loses nothing, and at worst replays
+// that one record again in the next run, which the consumer's dedup (its
+// MessageId) absorbs.
 
 // origin is where a dead letter's record first failed.
 type origin struct {
@@ -47,9 +48,9 @@ func originOf(rec *sarama.ConsumerMessage, msg *message.Message) origin {
 }
 
 // replayed reports whether an earlier run replayed o.
-func replayed(ctx context.Context, db *sqlx.DB, o origin) (bool, error) {
+func replayed(ctx context.Context, q sqlx.QueryerContext, o origin) (bool, error) {
 	var ok bool
-	err := db.GetContext(ctx, &ok, `SELECT EXISTS (SELECT FROM catalog.dlq_replays
+	err := sqlx.GetContext(ctx, q, &ok, `SELECT EXISTS (SELECT FROM catalog.dlq_replays
 		WHERE source_topic = $1 AND source_partition = $2 AND source_offset = $3)`, o.Topic, o.Partition, o.Offset)
 	if err != nil {
 		return false, fmt.Errorf("read the replay ledger for %s/%d@%d: %w", o.Topic, o.Partition, o.Offset, err)
@@ -57,13 +58,43 @@ func replayed(ctx context.Context, db *sqlx.DB, o origin) (bool, error) {
 	return ok, nil
 }
 
-// recordReplay writes that group replayed o, once the replay topic has it.
-func recordReplay(ctx context.Context, db *sqlx.DB, o origin, group string) error {
-	_, err := db.ExecContext(ctx, `INSERT INTO catalog.dlq_replays (source_topic, source_partition, source_offset, last_group)
+// errReplayedMeanwhile is an origin that another run, in another group,
+// replayed while this one was deciding.
+var errReplayedMeanwhile = errors.New("replayed by another run meanwhile")
+
+// replayOnce publishes o's record and records it, in one transaction that
+// holds o's advisory lock (a transaction lock, which PgBouncer's
+// transaction pooling keeps), so that two runs at once in different groups
+// publish each origin once: without Force, the second finds the first's
+// row under the lock (errReplayedMeanwhile). A crash after the publish and
+// before the commit records nothing: the next run publishes the record
+// again, and the consumer's dedup applies it once.
+func (c Config) replayOnce(ctx context.Context, o origin, publish func() error) error {
+	tx, err := c.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin the replay ledger's transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit, a no-op
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+		fmt.Sprintf("promoflow-dlq-replay:%s/%d@%d", o.Topic, o.Partition, o.Offset)); err != nil {
+		return fmt.Errorf("lock %s/%d@%d in the replay ledger: %w", o.Topic, o.Partition, o.Offset, err)
+	}
+	if !c.Force {
+		if done, err := replayed(ctx, tx, o); err != nil || done {
+			return cmp.Or(err, errReplayedMeanwhile)
+		}
+	}
+	if err := publish(); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO catalog.dlq_replays (source_topic, source_partition, source_offset, last_group)
 		VALUES ($1, $2, $3, $4)
 		ON CONFLICT (source_topic, source_partition, source_offset) DO UPDATE
 		SET replays = dlq_replays.replays + 1, last_replayed_at = now(), last_group = EXCLUDED.last_group`,
-		o.Topic, o.Partition, o.Offset, group)
+		o.Topic, o.Partition, o.Offset, c.Group)
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
 		return fmt.Errorf("record the replay of %s/%d@%d in the ledger: %w", o.Topic, o.Partition, o.Offset, err)
 	}

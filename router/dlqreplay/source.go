@@ -215,10 +215,12 @@ func (s *source) handle(sess sarama.ConsumerGroupSession) bounded.Handler {
 				"MessageId", msg.UUID, "PurchaseId", msg.Metadata.Get(event.HeaderAggregateID))
 		case replay:
 			s.progress.Matched.Add(1)
-			if err := s.forward(ctx, rec, out, key); err != nil {
-				return err
-			}
-			if err := recordReplay(ctx, s.cfg.DB, originOf(rec, msg), s.cfg.Group); err != nil {
+			err := s.cfg.replayOnce(ctx, originOf(rec, msg), func() error { return s.forward(ctx, rec, out, key) })
+			if errors.Is(err, errReplayedMeanwhile) {
+				s.progress.Skipped.Add(1)
+				s.cfg.Log.Info("skipped: replayed by another run meanwhile", "partition", rec.Partition, "offset", rec.Offset,
+					"MessageId", msg.UUID, "PurchaseId", msg.Metadata.Get(event.HeaderAggregateID))
+			} else if err != nil {
 				return err
 			}
 		}
