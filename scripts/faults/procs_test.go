@@ -31,6 +31,8 @@ type proc struct {
 	addr string
 	args []string
 	bin  string
+	// env is added to the suite's environment.
+	env  []string
 	logs string
 	// unexpected is told of an exit the harness did not cause, or of a
 	// graceful stop that did not exit 0.
@@ -105,7 +107,7 @@ func (p *proc) start(t *testing.T) {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), p.env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", p.name, err)
 	}
