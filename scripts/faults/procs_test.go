@@ -86,12 +86,12 @@ func newProc(t *testing.T, s *suite, job string, n int, args func(name string) [
 	return p
 }
 
-// migrateUp applies the migrations to the scenario's database with
-// `promoflow migrate up`, as an operator does before a release's processes
-// start: they do not migrate (MIGRATE_ON_START is false).
-func migrateUp(t *testing.T, s *suite, dbURL string) {
+// migrateUp applies the migrations of the release bin to the scenario's
+// database with `promoflow migrate up`, as an operator does before a
+// release's processes start: they do not migrate (MIGRATE_ON_START is false).
+func migrateUp(t *testing.T, bin, dbURL string) {
 	t.Helper()
-	out, err := exec.Command(s.bin, "migrate", "up", "--database-url", dbURL).CombinedOutput()
+	out, err := exec.Command(bin, "migrate", "up", "--database-url", dbURL).CombinedOutput()
 	if err != nil {
 		t.Fatalf("promoflow migrate up: %v\n%s", err, out)
 	}
