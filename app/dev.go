@@ -55,7 +55,9 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return d.run(ctx, devOutput{W: os.Stderr, Terminal: stderrIsTerminal()})
+	terminal := stderrIsTerminal()
+	applyMemoryLimit(0, slog.New(d.Promotion.handler(os.Stderr, terminal)).With("service", "dev"))
+	return d.run(ctx, devOutput{W: os.Stderr, Terminal: terminal})
 }
 
 // parseDev reads dev's settings: those of promotion (flags and environment),
