@@ -30,6 +30,9 @@ type devConfig struct {
 	// Demo seeds a small catalog and makes one purchase per target kind once
 	// both contexts are ready. Defaults to true.
 	Demo bool
+	// AllowRemote lets dev listen beyond loopback, with the operator's tokens
+	// only. Defaults to false.
+	AllowRemote bool
 	// The banner shows a demo token dev made up, never a token the operator
 	// set: it goes to terminals and logs. It names where that one comes from.
 	apiTokenShown, adminTokenShown string
@@ -80,6 +83,7 @@ func parseDev(args []string) (devConfig, error) {
 	ps.str(&catalogAddr, "catalog-http-addr", "DEV_CATALOG_HTTP_ADDR", "127.0.0.1:8081", "listen address of the catalog's API, /healthz, /readyz and /metrics (--http-addr is the promotion's)")
 	ps.bool(&d.Demo, "demo", "PROMOFLOW_DEMO", true, "seed a small catalog, make one purchase per target kind and show the cards' boosts as they change (a live table on a terminal)")
 	ps.negation("no-demo", "demo", "skip the demo: --demo=false")
+	ps.bool(&d.AllowRemote, "allow-remote", "DEV_ALLOW_REMOTE", false, "listen on an address other than loopback; then $PROMOTION_API_TOKENS and $CATALOG_ADMIN_TOKEN are required, and the demo tokens refused")
 	if err := ps.parse(args); err != nil {
 		return d, err
 	}
@@ -91,6 +95,10 @@ func parseDev(args []string) (devConfig, error) {
 	}
 	c.commonConfig, c.HTTPAddr = p.commonConfig, catalogAddr
 	c.Consumer.Topic, c.Topics = p.Topic, p.Topics
+	if err := checkDevExposure(d.AllowRemote, p.APITokens, c.AdminToken,
+		map[string]string{"the purchase API": p.HTTPAddr, "the catalog": c.HTTPAddr}); err != nil {
+		return d, err
+	}
 	if p.APITokens == "" {
 		p.APITokens = devAPIToken + "=" + devTenant
 		d.apiTokenShown = devAPIToken
