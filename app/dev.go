@@ -36,6 +36,9 @@ type devConfig struct {
 	// The banner shows a demo token dev made up, never a token the operator
 	// set: it goes to terminals and logs. It names where that one comes from.
 	apiTokenShown, adminTokenShown string
+	// memoryLimit is what the ready record says of the process's memory
+	// limit: dev logs nothing else before it.
+	memoryLimit []any
 }
 
 // devOutput is where dev writes, and who else watches the demo.
@@ -59,7 +62,7 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	terminal := stderrIsTerminal()
-	applyMemoryLimit(0, slog.New(d.Promotion.handler(os.Stderr, terminal)).With("service", "dev"))
+	d.memoryLimit = applyMemoryLimit(0, slog.New(d.Promotion.handler(os.Stderr, terminal)).With("service", "dev"))
 	return d.run(ctx, devOutput{W: os.Stderr, Terminal: terminal})
 }
 
@@ -163,7 +166,8 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 			}
 			quiet.ready()
 			// dev's start-up record: promotion's and catalog's own "starting" are quiet here.
-			log.Info("ready", append([]any{"promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr)}, buildInfo().logAttrs()...)...)
+			log.Info("ready", slices.Concat([]any{"promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr)},
+				buildInfo().logAttrs(), d.memoryLimit)...)
 			if d.Demo {
 				d.playDemo(ctx, log, screen, out.OnStep)
 			}

@@ -80,37 +80,38 @@ func cgroupMemoryLimit(files []string) (limit int64, file string, err error) {
 }
 
 // applyMemoryLimit sets a long-running process's soft memory limit, read
-// once at start, and logs the one chosen. GOMEMLIMIT, when set, wins: the
-// runtime read it already. Then own when not 0 (the catalog's
-// CATALOG_MEMORY_LIMIT and its buffers; negative: none). Then 90% of the
-// container's cgroup memory limit, so that the collector works harder before
-// the kernel kills the process; none when the cgroup sets no limit.
-func applyMemoryLimit(own int64, log *slog.Logger) {
+// once at start, and returns what to log of it (memoryLimit, in bytes or
+// "none", and memoryLimitSource). GOMEMLIMIT, when set, wins: the runtime
+// read it already. Then own when not 0 (the catalog's CATALOG_MEMORY_LIMIT
+// and its buffers; negative: none). Then 90% of the container's cgroup
+// memory limit, so that the collector works harder before the kernel kills
+// the process; none when the cgroup sets no limit, or (with a warning on
+// log) when its file cannot be read.
+func applyMemoryLimit(own int64, log *slog.Logger) []any {
+	chosen := func(limit any, source string, more ...any) []any {
+		return append([]any{"memoryLimit", limit, "memoryLimitSource", source}, more...)
+	}
 	if env, ok := os.LookupEnv("GOMEMLIMIT"); ok {
-		log.Info("memory limit", "source", "GOMEMLIMIT", "gomemlimit", env)
-		return
+		return chosen(env, "GOMEMLIMIT")
 	}
 	switch {
 	case own < 0:
-		log.Info("memory limit", "source", "setting", "bytes", "none")
-		return
+		return chosen("none", "setting")
 	case own > 0:
 		debug.SetMemoryLimit(own)
-		log.Info("memory limit", "source", "setting", "bytes", own)
-		return
+		return chosen(own, "setting")
 	}
 	cgroup, file, err := cgroupMemoryLimit(cgroupMemoryFiles)
 	if err != nil {
-		log.Warn("no memory limit: the cgroup's is unreadable; set GOMEMLIMIT", "file", file, "error", err.Error())
-		return
+		log.Warn("the container's memory limit is unreadable: none is set; set GOMEMLIMIT", "file", file, "error", err.Error())
+		return chosen("none", "cgroup")
 	}
 	if cgroup == 0 {
-		log.Info("memory limit", "source", "none", "bytes", "none")
-		return
+		return chosen("none", "cgroup")
 	}
 	n := int64(float64(cgroup) * cgroupShare)
 	debug.SetMemoryLimit(n)
-	log.Info("memory limit", "source", "cgroup", "bytes", n, "cgroupBytes", cgroup, "file", file)
+	return chosen(n, "cgroup", "cgroupMemoryLimit", cgroup, "cgroupFile", file)
 }
 
 func validateMemoryLimit(limit int) error {

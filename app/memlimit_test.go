@@ -74,16 +74,17 @@ func TestMemoryLimit_FollowsTheCgroupLimitOfV1AndV2UnlessMax(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	cgroupMemoryFiles = []string{dir + "v2-memory.max"}
-	applyMemoryLimit(0, log)
+	assert.Equal(t, []any{"memoryLimit", int64(241591910), "memoryLimitSource", "cgroup", "cgroupMemoryLimit", int64(256 << 20),
+		"cgroupFile", dir + "v2-memory.max"}, applyMemoryLimit(0, log), "what the start-up record says")
 	assert.EqualValues(t, 241591910, debug.SetMemoryLimit(-1), "90%% of the container's 256 MiB")
 
 	debug.SetMemoryLimit(before)
 	cgroupMemoryFiles = []string{dir + "v2-unlimited-memory.max"}
-	applyMemoryLimit(0, log)
+	assert.Equal(t, []any{"memoryLimit", "none", "memoryLimitSource", "cgroup"}, applyMemoryLimit(0, log))
 	assert.Equal(t, before, debug.SetMemoryLimit(-1), "max: no limit set")
 
 	cgroupMemoryFiles = []string{dir + "v2-memory.max"}
 	t.Setenv("GOMEMLIMIT", "1GiB")
-	applyMemoryLimit(0, log)
+	assert.Equal(t, []any{"memoryLimit", "1GiB", "memoryLimitSource", "GOMEMLIMIT"}, applyMemoryLimit(0, log))
 	assert.Equal(t, before, debug.SetMemoryLimit(-1), "GOMEMLIMIT set: the runtime's limit stays")
 }

@@ -90,7 +90,7 @@ func runPromotion(ctx context.Context, args []string) error {
 		return err
 	}
 	log := cfg.logger("promotion")
-	applyMemoryLimit(0, log)
+	log.Info("memory limit", applyMemoryLimit(0, log)...)
 	return startPromotion(ctx, cfg, log)
 }
 
