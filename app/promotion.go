@@ -87,7 +87,9 @@ func runPromotion(ctx context.Context, args []string) error {
 	if err := parseCommand("promotion", "Runs the promotion context: the purchase API, the expirer and the outbox relay.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
 		return err
 	}
-	return startPromotion(ctx, cfg, cfg.logger("promotion"))
+	log := cfg.logger("promotion")
+	log.Info("memory limit", applyMemoryLimit(0, log)...)
+	return startPromotion(ctx, cfg, log)
 }
 
 func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {
