@@ -72,7 +72,7 @@ func runCatalog(ctx context.Context, args []string) error {
 		return err
 	}
 	log := cfg.logger("catalog")
-	applyMemoryLimit(cfg.MemoryLimit, cfg.Consumer.Buffers, log)
+	log.Info("memory limit", applyMemoryLimit(memoryLimit(cfg.MemoryLimit, cfg.Consumer.Buffers), log)...)
 	return startCatalog(ctx, cfg, log)
 }
 
