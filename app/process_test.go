@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stopSecureBroker()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
 	os.Exit(code)
 }
 

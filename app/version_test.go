@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,7 +121,25 @@ func stampOf(t *testing.T, bin string) build {
 // and untracked, not ignored) whose .git links to the worktree's git
 // directory. GIT_OPTIONAL_LOCKS=0 keeps the git status that go build runs
 // from rewriting that directory's index.
+//
+// It builds once per test run (built); the tests that need a binary of their
+// own, not the test binary (which the race detector may instrument), share it.
 func buildStamped(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() { built.bin, built.err = buildStampedOnce(t) })
+	require.NoError(t, built.err)
+	return built.bin
+}
+
+// built is the one promoflow binary the tests build (buildStamped); TestMain
+// removes its directory.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+func buildStampedOnce(t *testing.T) (string, error) {
 	t.Helper()
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
@@ -128,12 +147,16 @@ func buildStamped(t *testing.T) string {
 	if fi, err := os.Stat(filepath.Join(root, ".git")); err != nil || !fi.IsDir() {
 		src = copyCheckout(t, root)
 	}
-	bin := filepath.Join(t.TempDir(), "promoflow")
+	if built.dir, err = os.MkdirTemp("", "promoflow-bin-"); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(built.dir, "promoflow")
 	cmd := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./app")
 	cmd.Dir, cmd.Env = src, append(os.Environ(), "GIT_OPTIONAL_LOCKS=0")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build -buildvcs=true: %s", out)
-	return bin
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build -buildvcs=true: %w: %s", err, out)
+	}
+	return bin, nil
 }
 
 // copyCheckout copies the files of the checkout at root that git sees into a
