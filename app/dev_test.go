@@ -54,10 +54,10 @@ func TestDev_PrintsTheDemoTokensItMadeUpAndNoneTheOperatorSet(t *testing.T) {
 }
 
 // metricValue is the value of the sample line that starts with name on the
-// /metrics of the process at addr (-1 when there is none).
+// /metrics of the process at addr, read on its internal listener (-1 when there is none).
 func metricValue(t *testing.T, addr, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get("http://" + internalOf(addr) + "/metrics")
 	if err != nil {
 		return -1
 	}

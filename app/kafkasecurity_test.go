@@ -89,9 +89,9 @@ func with(env map[string]string, kv ...string) map[string]string {
 }
 
 const (
-	pipelineToken  = "secure-token"
+	pipelineToken  = "secure-tenant-token"
 	pipelineTenant = "6a1f0c52-8d3e-4b7a-9c21-0e5f4d3b2a19"
-	pipelineAdmin  = "secure-admin"
+	pipelineAdmin  = "secure-admin-token"
 )
 
 // pipeline is a promotion and a catalog process on topics of their own.
@@ -303,6 +303,7 @@ func TestKafkaSecurity_SecretsNeverLogged(t *testing.T) {
 	for name, addr := range map[string]string{"promotion": p.promotionAddr, "catalog": p.catalogAddr} {
 		for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
 			_, seen[name+" "+path] = call(t, "GET", "http://"+addr+path, "", "")
+			_, seen[name+" internal "+path] = call(t, "GET", "http://"+internalOf(addr)+path, "", "")
 		}
 	}
 	p.promotion.stop()

@@ -37,7 +37,7 @@ func promotionEnv(t *testing.T, url, addr string) map[string]string {
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, topic)
 	return envOf("DATABASE_URL="+url, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","), "HTTP_ADDR="+addr,
-		"PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1", "PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
+		"PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1", "PROMOTION_API_TOKENS=tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
 }
 
 // TestMigrate_RefusesASchemaThatNoLongerAllowsIt: a contract migration whose

@@ -32,9 +32,9 @@ type pooled struct {
 }
 
 const (
-	pooledToken  = "t1"
+	pooledToken  = "pooled-tenant-token"
 	pooledTenant = "0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"
-	pooledAdmin  = "admin-token"
+	pooledAdmin  = "pooled-admin-token"
 )
 
 func setupPooled(t *testing.T) *pooled {

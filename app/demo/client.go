@@ -22,7 +22,7 @@ import (
 type client struct {
 	http                     *http.Client
 	promotionURL, catalogURL string
-	apiToken, adminToken     string
+	apiToken, feedToken      string
 }
 
 // do sends body (JSON, or none) and decodes a 2xx answer into out (when not
@@ -69,10 +69,10 @@ func (c client) do(ctx context.Context, method, url, token string, body, out any
 // putCard sends c to the card feed.
 func (c client) putCard(ctx context.Context, cd card) error {
 	if cd.IsProject() {
-		return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/projects/"+cd.ID.String(), c.adminToken,
+		return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/projects/"+cd.ID.String(), c.feedToken,
 			map[string]any{"Title": cd.Title, "Status": "Selling", "Visibility": "Public"}, nil)
 	}
-	return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/property-objects/"+cd.ID.String(), c.adminToken,
+	return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/property-objects/"+cd.ID.String(), c.feedToken,
 		map[string]any{"ProjectId": cd.Project, "Published": cd.Published, "Status": "Available", "Price": "125000"}, nil)
 }
 
