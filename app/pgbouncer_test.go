@@ -102,7 +102,7 @@ func TestPgBouncer_PipelineRunsInTransactionPooling(t *testing.T) {
 	waitBoost(t, catalog, "/cards/projects/"+project.String(), 30) // the short one expired
 
 	adminCall(t, "POST", catalog, "/admin/projections/rebuild", "", http.StatusAccepted)
-	adminCall(t, "POST", catalog, "/admin/projections/rebuild", "", http.StatusConflict, http.StatusAccepted)
+	adminCall(t, "POST", catalog, "/admin/projections/rebuild", "", http.StatusConflict, http.StatusAccepted, http.StatusTooManyRequests)
 	require.Eventually(t, func() bool {
 		var st struct{ State string }
 		require.NoError(t, json.Unmarshal([]byte(adminCall(t, "GET", catalog, "/admin/projections/rebuild", "", http.StatusOK)), &st))
