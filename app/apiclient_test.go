@@ -82,12 +82,16 @@ func adminCall(t *testing.T, method, addr, path, body string, want ...int) strin
 	return string(raw)
 }
 
-// waitBoost waits until the card at path (GET on the catalog at addr) has boost.
+// waitBoost waits until the card at path (GET on the catalog at addr, with
+// the admin token, which sees private cards too) has boost.
 func waitBoost(t *testing.T, addr, path string, boost int) {
 	t.Helper()
 	last := -1
 	ok := assert.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + path)
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+pooledAdmin)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}

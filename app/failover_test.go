@@ -70,7 +70,7 @@ func TestReadyz_FalseOnAStandby(t *testing.T) {
 	var body string
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var status int
-		status, body = readyzAnswer(addr)
+		status, body = readyzAnswer(internalOf(addr)) // the internal /readyz shows why
 		assert.Equal(c, http.StatusServiceUnavailable, status, "/readyz on a standby: %s", body)
 		assert.Contains(c, body, "standby")
 	}, 60*time.Second, 100*time.Millisecond, "output:\n%s", p)

@@ -127,7 +127,7 @@ func startPipeline(t *testing.T, kafkaEnv map[string]string, catalogKV ...string
 func (p *pipeline) purchaseReachesItsCard(t *testing.T) {
 	t.Helper()
 	project := uuid.New()
-	status, body := call(t, "PUT", "http://"+p.catalogAddr+"/cards/projects/"+project.String(), pipelineAdmin, `{"Title":"Secure"}`)
+	status, body := call(t, "PUT", "http://"+p.catalogAddr+"/cards/projects/"+project.String(), pipelineAdmin, `{"Title":"Secure","Visibility":"Public"}`)
 	require.Equal(t, http.StatusOK, status, body)
 	purchase := fmt.Sprintf(`{"PackageKind":"Top","BoostWeight":7,"EndsAt":%q,"Targets":[{"TargetKind":"Project","TargetId":%q}]}`,
 		time.Now().Add(time.Hour).UTC().Format(time.RFC3339), project)
