@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func newCatalogAPI(t *testing.T) apiBundle {
 	db := pgtest.DB(t)
 	public, internal := http.NewServeMux(), http.NewServeMux()
 	log := slog.New(slog.DiscardHandler)
-	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: kafkatest.Cluster(t), Topic: kafkatest.Topic(t, 1), Log: log})
+	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: kafkatest.Cluster(t), Topic: kafkatest.Topic(t, 1), Log: log, Cooldown: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)
 	(&api.Catalog{DB: db, FeedToken: "feed", AdminToken: "admin", Rebuilder: rb, Log: log}).Register(public, internal)
@@ -140,6 +141,14 @@ func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {
 		"contributions", "catchUps", "cardsChanged"} {
 		require.Contains(t, done, field, "the status reports progress")
 	}
+
+	again := b.do(t, "POST", "/admin/projections/rebuild", "admin", nil)
+	require.Equal(t, http.StatusTooManyRequests, again.Status, "within the cooldown after the last start: %v", again.Body)
+	require.Equal(t, "rebuild_cooldown", again.Body["code"])
+	retry, err := strconv.Atoi(again.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.Greater(t, retry, 3500, "Retry-After is when the hour's cooldown ends")
+	require.Equal(t, r.Body["id"], b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body["id"], "no rebuild was recorded")
 }
 
 // TestCards_AnonymousReadersSeeOnlyPublicCards: a reader with no token sees
