@@ -62,10 +62,12 @@ func TestMigrate_RefusesASchemaThatNoLongerAllowsIt(t *testing.T) {
 	var reason string
 	require.Eventually(t, func() bool {
 		var status int
-		status, reason = readyzReason(addr)
+		status, reason = readyzReason(internalOf(addr))
 		return status == http.StatusServiceUnavailable
 	}, 3*schemaCheckInterval, 200*time.Millisecond, "/readyz of the running process stays ready on a schema that needs 9.9.9")
-	require.Contains(t, reason, want)
+	require.Contains(t, reason, want, "the internal /readyz names both versions")
+	_, reason = readyzReason(addr)
+	require.Equal(t, "schema", reason, "the public /readyz names the component only")
 }
 
 // TestMigrate_RefusesASchemaOlderThanItNeeds: a schema without this
