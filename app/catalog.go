@@ -87,7 +87,7 @@ func runCatalog(ctx context.Context, args []string) error {
 		return err
 	}
 	log := cfg.logger("catalog")
-	applyMemoryLimit(cfg.MemoryLimit, cfg.Consumer.Buffers, log)
+	log.Info("memory limit", applyMemoryLimit(memoryLimit(cfg.MemoryLimit, cfg.Consumer.Buffers), log)...)
 	return startCatalog(ctx, cfg, log)
 }
 
@@ -145,7 +145,7 @@ func (c catalogConfig) feedToken(log *slog.Logger) string {
 
 func (c catalogConfig) validate() error {
 	c.Consumer.Kafka.Brokers = splitList(c.Kafka.Brokers)
-	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), validateRateLimit(c.AdminRateLimit, "ADMIN"), c.Topics.validate(),
+	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), c.APIEdge.validate(), validateRateLimit(c.AdminRateLimit, "ADMIN"), c.Topics.validate(),
 		validateMemoryLimit(c.MemoryLimit), validateTokenLength(c.dev, "CATALOG_FEED_TOKEN", c.FeedToken),
 		validateTokenLength(c.dev, "CATALOG_ADMIN_TOKEN", c.AdminToken)}
 	if c.RebuildCooldown < 0 {

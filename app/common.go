@@ -25,6 +25,8 @@ type commonConfig struct {
 	// detailed /readyz, for operators and Prometheus only.
 	AdminAddr  string
 	HTTPLimits httpLimits
+	// APIEdge is what the API keeps of a caller's trace headers.
+	APIEdge apiPropagation
 	// MigrateOnStart is a process's MIGRATE_ON_START (false but in dev); a
 	// one-shot command never migrates.
 	MigrateOnStart bool
@@ -50,6 +52,7 @@ func (c *commonConfig) register(s *settings, httpAddr, adminAddr string) {
 	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the public listener: the API, /openapi.json, /healthz and a /readyz that names only the component that is not ready")
 	s.str(&c.AdminAddr, "admin-addr", "ADMIN_ADDR", adminAddr, "listen address of the internal listener: /metrics, /admin/* and a /readyz with the error's text; keep it off the public network (Prometheus and operators only)")
 	c.HTTPLimits.register(s)
+	c.APIEdge.register(s)
 }
 
 // openCommand parses a one-shot command's args (its settings registered with

@@ -94,12 +94,28 @@ func TestCompose_DescribesTheWholeStack(t *testing.T) {
 	}
 	require.Equal(t, "promoflow", env(t, p.Services["postgres"], "POSTGRES_DB"))
 
-	// Ports: the APIs, Prometheus, Grafana and PostgreSQL, each on the host's same port.
+	// Ports: the APIs, Prometheus, Grafana and PostgreSQL, each on the host's same port, on loopback.
 	for name, port := range map[string]uint32{"postgres": 5432, "promotion": 8080, "catalog": 8081,
 		"prometheus": 9090, "grafana": 3000, "jaeger": 16686} {
 		require.Contains(t, p.Services[name].Ports, types.ServicePortConfig{Mode: "ingress", Protocol: "tcp",
-			Target: port, Published: strconv.Itoa(int(port))}, "%s publishes %d", name, port)
+			HostIP: "127.0.0.1", Target: port, Published: strconv.Itoa(int(port))}, "%s publishes %d", name, port)
 	}
+}
+
+// TestCompose_PublishesEveryPortOnLoopbackOnly: the stack has well-known
+// credentials (PostgreSQL's password, the demo tokens, Grafana's admin), so
+// no port is reachable from beyond the machine that runs it.
+func TestCompose_PublishesEveryPortOnLoopbackOnly(t *testing.T) {
+	p := loadCompose(t)
+	published := 0
+	for _, name := range p.ServiceNames() {
+		for _, port := range p.Services[name].Ports {
+			published++
+			require.Equal(t, "127.0.0.1", port.HostIP,
+				"%s publishes %d on every interface: write it \"127.0.0.1:%s:%d\"", name, port.Target, port.Published, port.Target)
+		}
+	}
+	require.NotZero(t, published, "compose.yaml publishes no port")
 }
 
 // TestCompose_StartsEachServiceAfterWhatItNeeds: the dependencies and their
@@ -211,7 +227,7 @@ func TestCompose_ProcessesExportTracesToTheCollector(t *testing.T) {
 	}
 	require.True(t, strings.HasPrefix(p.Services["jaeger"].Image, "jaegertracing/jaeger:2."), "Jaeger v2 (OTLP)")
 	require.Contains(t, p.Services["jaeger"].Ports, types.ServicePortConfig{Mode: "ingress", Protocol: "tcp",
-		Target: 4318, Published: "4318"})
+		HostIP: "127.0.0.1", Target: 4318, Published: "4318"})
 	raw, err := os.ReadFile("../deploy/grafana/provisioning/datasources/jaeger.yml")
 	require.NoError(t, err)
 	require.Contains(t, string(raw), "url: http://jaeger:16686")

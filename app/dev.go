@@ -30,9 +30,15 @@ type devConfig struct {
 	// Demo seeds a small catalog and makes one purchase per target kind once
 	// both contexts are ready. Defaults to true.
 	Demo bool
+	// AllowRemote lets dev listen beyond loopback, with the operator's tokens
+	// only. Defaults to false.
+	AllowRemote bool
 	// The banner shows a demo token dev made up, never a token the operator
 	// set: it goes to terminals and logs. It names where that one comes from.
 	apiTokenShown, adminTokenShown string
+	// memoryLimit is what the ready record says of the process's memory
+	// limit: dev logs nothing else before it.
+	memoryLimit []any
 }
 
 // devOutput is where dev writes, and who else watches the demo.
@@ -55,7 +61,9 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return d.run(ctx, devOutput{W: os.Stderr, Terminal: stderrIsTerminal()})
+	terminal := stderrIsTerminal()
+	d.memoryLimit = applyMemoryLimit(0, slog.New(d.Promotion.handler(os.Stderr, terminal)).With("service", "dev"))
+	return d.run(ctx, devOutput{W: os.Stderr, Terminal: terminal})
 }
 
 // parseDev reads dev's settings: those of promotion (flags and environment),
@@ -79,6 +87,7 @@ func parseDev(args []string) (devConfig, error) {
 	ps.str(&catalogAdminAddr, "catalog-admin-addr", "DEV_CATALOG_ADMIN_ADDR", "127.0.0.1:9081", "listen address of the catalog's internal listener: /metrics, /admin/* and the detailed /readyz (--admin-addr is the promotion's)")
 	ps.bool(&d.Demo, "demo", "PROMOFLOW_DEMO", true, "seed a small catalog, make one purchase per target kind and show the cards' boosts as they change (a live table on a terminal)")
 	ps.negation("no-demo", "demo", "skip the demo: --demo=false")
+	ps.bool(&d.AllowRemote, "allow-remote", "DEV_ALLOW_REMOTE", false, "listen on an address other than loopback; then $PROMOTION_API_TOKENS and $CATALOG_ADMIN_TOKEN are required, and the demo tokens refused")
 	if err := ps.parse(args); err != nil {
 		return d, err
 	}
@@ -92,11 +101,13 @@ func parseDev(args []string) (devConfig, error) {
 	if err := errors.Join(resolveSecrets(c.secrets...), p.apiTokens.resolve()); err != nil {
 		return d, err
 	}
-	if _, ok := os.LookupEnv("ADMIN_ADDR"); !ok && !flagGiven(ps, "admin-addr") {
-		p.AdminAddr = "127.0.0.1:9080"
-	}
 	c.commonConfig, c.HTTPAddr, c.AdminAddr = p.commonConfig, catalogAddr, catalogAdminAddr
 	c.Consumer.Topic, c.Topics = p.Topic, p.Topics
+	if err := checkDevExposure(d.AllowRemote, p.APITokens, c.AdminToken,
+		map[string]string{"the purchase API": p.HTTPAddr, "the catalog": c.HTTPAddr,
+			"the promotion's internal listener": p.AdminAddr, "the catalog's internal listener": c.AdminAddr}); err != nil {
+		return d, err
+	}
 	if p.APITokens == "" {
 		p.APITokens = devAPIToken + "=" + devTenant
 		d.apiTokenShown = devAPIToken
@@ -164,7 +175,8 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 			}
 			quiet.ready()
 			// dev's start-up record: promotion's and catalog's own "starting" are quiet here.
-			log.Info("ready", append([]any{"promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr)}, buildInfo().logAttrs()...)...)
+			log.Info("ready", slices.Concat([]any{"promotionApi", localURL(p.HTTPAddr), "catalogApi", localURL(c.HTTPAddr)},
+				buildInfo().logAttrs(), d.memoryLimit)...)
 			if d.Demo {
 				d.playDemo(ctx, log, screen, out.OnStep)
 			}
@@ -185,7 +197,8 @@ func (d devConfig) playDemo(ctx context.Context, log *slog.Logger, screen *demo.
 	}
 	slices.Sort(names)
 	cfg := demo.Config{PromotionURL: localURL(d.Promotion.HTTPAddr), CatalogURL: localURL(d.Catalog.HTTPAddr),
-		APIToken: names[0], FeedToken: d.Catalog.FeedToken, OnStep: onStep}
+		CatalogInternalURL: localURL(d.Catalog.AdminAddr),
+		APIToken:           names[0], FeedToken: d.Catalog.FeedToken, OnStep: onStep}
 	if screen != nil {
 		_, noColor := os.LookupEnv("NO_COLOR")
 		cfg.OnEvent = func(ev demo.Event) { fmt.Fprintln(screen, demo.EventLine(ev, !noColor)) }

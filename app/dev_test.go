@@ -144,3 +144,53 @@ func TestDevSettings_TheDemoRunsUnlessNoDemoOrPromoflowDemoIsFalse(t *testing.T)
 		require.Equal(t, tc.demo, d.Demo, "PROMOFLOW_DEMO=%s %v", tc.env, tc.args)
 	}
 }
+
+// TestDev_RefusesAnAddressBeyondLoopbackUnlessAllowedAndThenItsDemoTokens:
+// dev listens on loopback; elsewhere only with --allow-remote
+// ($DEV_ALLOW_REMOTE), and then with the operator's own tokens, never the
+// demo ones it would make up.
+func TestDev_RefusesAnAddressBeyondLoopbackUnlessAllowedAndThenItsDemoTokens(t *testing.T) {
+	const ownTokens, ownAdmin = "s3cret=00000000-0000-4000-8000-000000000002", "admin-s3cret"
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want error // nil: dev starts
+	}{
+		{"loopback by default", nil, nil, nil},
+		{"localhost", nil, []string{"--http-addr", "localhost:8080", "--catalog-http-addr", "[::1]:8081"}, nil},
+		{"every interface", nil, []string{"--http-addr", ":8080"}, errDevNotLoopback},
+		{"a remote catalog", map[string]string{"DEV_CATALOG_HTTP_ADDR": "0.0.0.0:8081"}, nil, errDevNotLoopback},
+		{"a host name", nil, []string{"--http-addr", "dev.example.internal:8080"}, errDevNotLoopback},
+		{"a remote internal listener", nil, []string{"--admin-addr", ":9080"}, errDevNotLoopback},
+		{"tokens alone do not allow it", map[string]string{"PROMOTION_API_TOKENS": ownTokens, "CATALOG_ADMIN_TOKEN": ownAdmin},
+			[]string{"--http-addr", "0.0.0.0:8080"}, errDevNotLoopback},
+		{"allowed, no tokens", nil, []string{"--http-addr", "0.0.0.0:8080", "--allow-remote"}, errDevDemoTokens},
+		{"allowed, no admin token", map[string]string{"PROMOTION_API_TOKENS": ownTokens},
+			[]string{"--http-addr", "0.0.0.0:8080", "--allow-remote"}, errDevDemoTokens},
+		{"allowed, the demo API token", map[string]string{"PROMOTION_API_TOKENS": devAPIToken + "=" + devTenant, "CATALOG_ADMIN_TOKEN": ownAdmin},
+			[]string{"--http-addr", "0.0.0.0:8080", "--allow-remote"}, errDevDemoTokens},
+		{"allowed, the demo admin token", map[string]string{"PROMOTION_API_TOKENS": ownTokens, "CATALOG_ADMIN_TOKEN": devAdminToken},
+			[]string{"--http-addr", "0.0.0.0:8080", "--allow-remote"}, errDevDemoTokens},
+		{"allowed with its own tokens", map[string]string{"PROMOTION_API_TOKENS": ownTokens, "CATALOG_ADMIN_TOKEN": ownAdmin},
+			[]string{"--http-addr", "0.0.0.0:8080", "--allow-remote"}, nil},
+		{"allowed by DEV_ALLOW_REMOTE", map[string]string{"PROMOTION_API_TOKENS": ownTokens, "CATALOG_ADMIN_TOKEN": ownAdmin,
+			"DEV_ALLOW_REMOTE": "true", "HTTP_ADDR": ":8080"}, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"PROMOTION_API_TOKENS", "CATALOG_ADMIN_TOKEN", "DEV_ALLOW_REMOTE", "HTTP_ADDR", "DEV_CATALOG_HTTP_ADDR"} {
+				t.Setenv(k, tc.env[k])
+				if _, ok := tc.env[k]; !ok {
+					require.NoError(t, os.Unsetenv(k))
+				}
+			}
+			_, err := parseDev(append([]string{"--database-url", "postgres://promoflow@127.0.0.1:1/none"}, tc.args...))
+			if tc.want == nil {
+				require.NoError(t, err, "%v %v", tc.env, tc.args)
+				return
+			}
+			require.ErrorIs(t, err, tc.want, "%v %v", tc.env, tc.args)
+			t.Logf("refused: %v", err)
+		})
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,17 +17,16 @@ import (
 
 func runDLQReplay(ctx context.Context, args []string) error {
 	var (
-		kafka kafkaConfig
-		logs  logSettings
-		cfg   dlqreplay.Config
-		max   int
-		list  bool
+		common commonConfig
+		cfg    dlqreplay.Config
+		max    int
+		list   bool
 	)
 	s := newSettings("dlq-replay", "Replays the Promotion Boost DLQ to the catalog-only replay topic with a Watermill forwarder.\n"+
 		"It resumes where the last run with the same filters stopped, stops at the end it saw at the start,\n"+
-		"and parks records replayed --max-replays times. --list shows what the DLQ holds and changes nothing.")
-	kafka.register(s)
-	logs.register(s)
+		"and parks records replayed --max-replays times. Each original is replayed once, whatever the group:\n"+
+		"the catalog database's ledger records it (--force replays again). --list shows what the DLQ holds and changes nothing.")
+	common.registerStores(s)
 	s.bool(&list, "list", "DLQ_REPLAY_LIST", false, "print what the DLQ holds by error code and reason, and exit; writes nothing")
 	s.str(&cfg.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic to read")
 	s.str(&cfg.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic the catalog consumer reads replays from")
@@ -39,24 +39,33 @@ func runDLQReplay(ctx context.Context, args []string) error {
 	s.int(&max, "max", "DLQ_REPLAY_MAX", 0, "stop after this many replayed records (0: all)")
 	s.int(&cfg.MaxReplays, "max-replays", "DLQ_REPLAY_MAX_REPLAYS", dlqreplay.MaxReplaysDefault, "park records already replayed this many times (x-dlq-replay-count)")
 	s.float(&cfg.Rate, "rate", "DLQ_REPLAY_RATE", 0, "most records replayed per second (0: no cap)")
+	s.bool(&cfg.Force, "force", "DLQ_REPLAY_FORCE", false, "replay dead letters whose original an earlier run replayed already (the ledger counts it again)")
 	if err := s.parse(args); err != nil {
 		return err
 	}
-	if err := logs.validate(); err != nil {
+	if err := errors.Join(common.logSettings.validate(), common.Kafka.validate()); err != nil {
 		return err
 	}
-	if err := kafka.validate(); err != nil {
-		return err
+	if !list && common.DatabaseURL == "" {
+		return dlqreplay.ErrNoLedger
 	}
-	log := logs.logger("dlq-replay")
+	log := common.logger("dlq-replay")
 	stopTracing, err := setupTracing(ctx, "dlq-replay")
 	if err != nil {
 		return err
 	}
 	defer func() { _ = stopTracing(context.WithoutCancel(ctx)) }() // best effort flush at exit
-	cluster, err := kafka.connect(ctx, log)
+	cluster, err := common.Kafka.connect(ctx, log)
 	if err != nil {
 		return err
+	}
+	if !list {
+		db, err := openDB(ctx, "dlq-replay", common, log)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		cfg.DB = db
 	}
 	cfg.Kafka, cfg.Max, cfg.Log = cluster, int64(max), log
 	replayer, err := dlqreplay.New(cfg)

@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -77,18 +78,22 @@ func chartScheme(t *testing.T) *runtime.Scheme {
 	t.Helper()
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme,
-		batchv1.AddToScheme, monitoringv1.AddToScheme} {
+		batchv1.AddToScheme, networkingv1.AddToScheme, monitoringv1.AddToScheme} {
 		require.NoError(t, add(s))
 	}
 	return s
 }
 
-// renderChart runs helm template and decodes every object it renders into
+// renderChart runs helm template (with each of set as --set) and decodes every object it renders into
 // its Kubernetes API type, strictly: an unknown or duplicated field, or a
 // kind of no known group, fails the test.
-func renderChart(t *testing.T, values string) []runtime.Object {
+func renderChart(t *testing.T, values string, set ...string) []runtime.Object {
 	t.Helper()
-	out := runHelm(t, withValues(values, "template", "promoflow", chartDir)...)
+	args := withValues(values, "template", "promoflow", chartDir)
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out := runHelm(t, args...)
 	scheme := chartScheme(t)
 	decoder := kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme, scheme,
 		kjson.SerializerOptions{Yaml: true, Strict: true})
@@ -209,7 +214,7 @@ func TestHelm_ChartLintsAndRendersOnlyObjectsTheKubernetesAPIAccepts(t *testing.
 					require.Equal(t, "app.kubernetes.io/component", o.Spec.JobLabel, "job=promotion and job=catalog, as the alerts read them")
 				}
 			}
-			want := map[string]int{"Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "Job": 1}
+			want := map[string]int{"Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "Job": 1, "NetworkPolicy": 3}
 			if values != "" {
 				want["Job"], want["ServiceMonitor"], want["PrometheusRule"] = 4, 2, 1
 			}

@@ -125,8 +125,15 @@ func TestHTTP_LargeHeadersCannotExhaustMemory(t *testing.T) {
 	grew := peak.Load() - before
 	t.Logf("RSS before %d MB, peak %d MB (+%d MB); /healthz p99 %s over %d probes",
 		before>>20, peak.Load()>>20, grew>>20, p99.Round(time.Millisecond), len(latencies))
-	require.Less(t, grew, int64(64<<20), "150 connections of 1 MB headers grew the process by %d MB: the header limit does not hold", grew>>20)
-	require.Less(t, p99, 2*time.Second, "/healthz p99 under the attack")
+	// The attack's own 150 senders share the machine's cores with the
+	// process, so /healthz is bounded loosely; the race detector multiplies
+	// memory and time.
+	bound, slow := int64(64<<20), 2*time.Second // seen: +23 MB, p99 250ms; with 1 MiB headers +487 MB
+	if raceBuild {
+		bound, slow = 192<<20, 10*time.Second // seen: +85 MB, p99 2.4s; with 1 MiB headers +549 MB
+	}
+	require.Less(t, grew, bound, "150 connections of 1 MB headers grew the process by %d MB: the header limit does not hold", grew>>20)
+	require.Less(t, p99, slow, "/healthz p99 under the attack")
 }
 
 // TestHTTP_RateLimitAnswers429: a tenant that calls faster than
@@ -135,7 +142,7 @@ func TestHTTP_LargeHeadersCannotExhaustMemory(t *testing.T) {
 // the catalog's admin token is limited the same way (ADMIN_RATE_LIMIT).
 func TestHTTP_RateLimitAnswers429(t *testing.T) {
 	t.Parallel()
-	_, addr := startPromotionForLimits(t, "API_RATE_LIMIT=2", "API_RATE_BURST=5")
+	_, addr := startPromotionForLimits(t, "API_RATE_LIMIT=1", "API_RATE_BURST=5")
 	get := func(token string) *http.Response {
 		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/promotions", nil)
 		require.NoError(t, err)
@@ -157,7 +164,7 @@ func TestHTTP_RateLimitAnswers429(t *testing.T) {
 		}
 	}
 	require.NotNil(t, limited, "20 calls at once past a burst of 5 were all served: %v", codes)
-	require.Equal(t, 5, slices.Index(codes, http.StatusTooManyRequests), "the burst is served first: %v", codes)
+	require.Equal(t, slices.Repeat([]int{http.StatusOK}, 5), codes[:5], "the burst is served first: %v", codes)
 	secs, err := strconv.Atoi(limited.Header.Get("Retry-After"))
 	require.NoError(t, err, "Retry-After in whole seconds")
 	require.GreaterOrEqual(t, secs, 1)
@@ -186,7 +193,8 @@ func TestHTTP_RateLimitAnswers429(t *testing.T) {
 		resp.Body.Close()
 		codes = append(codes, resp.StatusCode)
 	}
-	require.Equal(t, 3, slices.Index(codes, http.StatusTooManyRequests), "the admin token past its burst of 3: %v", codes)
+	require.Contains(t, codes[3:], http.StatusTooManyRequests, "the admin token past its burst of 3: %v", codes)
+	require.NotContains(t, codes[:3], http.StatusTooManyRequests, "the admin token's burst of 3: %v", codes)
 }
 
 // TestHTTP_InFlightCapAnswers503: with HTTP_MAX_IN_FLIGHT requests under

@@ -7,9 +7,10 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/promoflow/promoflow/app/api"
 )
 
 // httpTracer names the APIs' server spans; it follows the global provider.
@@ -25,22 +26,23 @@ const traceResponseHeader = "traceresponse"
 var untracedPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
 
 // serverSpans opens a server span per API request (HTTP semantic
-// conventions), the child of the request's traceparent when it has one, and
-// answers with traceresponse. The span is named after the route the mux
-// matched ("POST /promotions"). Every span of the request's work, and of the
-// events it writes, is in that trace.
-func serverSpans(h http.Handler) http.Handler {
+// conventions) and answers with traceresponse. The caller's trace headers
+// pass through edge (apiPropagation.extract) first: what it keeps is the
+// span's parent or link, and the baggage of its work. The span is named
+// after the route the mux matched ("POST /promotions"). Every span of the
+// request's work, and of the events it writes, is in that trace.
+func serverSpans(h http.Handler, edge apiPropagation) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if untracedPaths[r.URL.Path] {
 			h.ServeHTTP(w, r)
 			return
 		}
-		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := httpTracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
+		ctx, opts := edge.extract(r)
+		ctx, span := httpTracer.Start(ctx, r.Method, append(opts, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLPath(r.URL.Path),
-				semconv.URLScheme(scheme(r)), semconv.UserAgentOriginal(r.UserAgent())))
+				semconv.URLScheme(scheme(r)), semconv.UserAgentOriginal(r.UserAgent())))...)
 		defer span.End()
-		if c := r.Header.Get("X-Correlation-Id"); c != "" {
+		if c := r.Header.Get("X-Correlation-Id"); api.ValidCorrelationID(c) {
 			span.SetAttributes(attribute.String("correlation_id", c))
 		}
 		if sc := span.SpanContext(); sc.IsValid() && sc.SpanID() != trace.SpanContextFromContext(r.Context()).SpanID() && span.IsRecording() {

@@ -137,7 +137,7 @@ func freeAddr(t *testing.T) string {
 // unset, the relay's producer is transactional with an id that follows
 // PROMOTION_TOPIC (the same in every process of one outbox); "off" turns
 // transactions off; any other value is the id.
-func TestPromotionSettings_RelayTransactionalIDDefaultsToTheTopicsAndOffTurnsItOff(t *testing.T) {
+func TestPromotionSettings_RelayTransactionalIDIsOffUnlessSet(t *testing.T) {
 	t.Setenv("PROMOTION_TOPIC", "pin.test.purchases")
 	parse := func(args ...string) string {
 		t.Helper()
@@ -148,11 +148,8 @@ func TestPromotionSettings_RelayTransactionalIDDefaultsToTheTopicsAndOffTurnsItO
 		cfg.wire()
 		return cfg.Relay.RelayProducerTransactionalID()
 	}
-	require.Equal(t, "promoflow-promotion-relay.pin.test.purchases", parse(), "unset: the default for the topic")
-	require.Equal(t, "promoflow-promotion-relay.other", parse("--topic", "other"), "the default follows the topic")
+	require.Empty(t, parse(), "unset: no transactions")
 	require.Empty(t, parse("--relay-transactional-id", "off"), "off: no transactions")
-	t.Setenv("RELAY_TRANSACTIONAL_ID", "off")
-	require.Empty(t, parse(), "off from the environment")
 	t.Setenv("RELAY_TRANSACTIONAL_ID", "relay.eu-1")
 	require.Equal(t, "relay.eu-1", parse(), "any other value is the id")
 }

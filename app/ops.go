@@ -91,15 +91,16 @@ func handleProbes(mux *http.ServeMux, ready []readyCheck, reason func(error) str
 
 // serveHTTP listens on addr until ctx ends, then drains requests for up to 10s.
 // plane names the listener ("public" or "internal") in logs and errors.
-// Each API request gets a server span (serverSpans); limits bound the
-// connections and requests it holds, and every request's header.
-func serveHTTP(ctx context.Context, plane, addr string, limits httpLimits, h http.Handler, log *slog.Logger) error {
+// Each API request gets a server span (serverSpans) from what edge keeps of
+// its trace headers; limits bound the connections and requests it holds,
+// and every request's header.
+func serveHTTP(ctx context.Context, plane, addr string, limits httpLimits, edge apiPropagation, h http.Handler, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s (%s listener): %w", addr, plane, err)
 	}
 	ln = limits.listener(ln)
-	srv := &http.Server{Handler: limits.handler(serverSpans(h)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	srv := &http.Server{Handler: limits.handler(serverSpans(h, edge)), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 30 * time.Second, MaxHeaderBytes: maxHeaderBytes}
 	log.Info("http listening", "listener", plane, "addr", ln.Addr().String())
 	errc := make(chan error, 1)
@@ -122,10 +123,10 @@ func serveHTTP(ctx context.Context, plane, addr string, limits httpLimits, h htt
 func (c commonConfig) listeners(public, internal *http.ServeMux, log *slog.Logger) []func(context.Context) error {
 	return []func(context.Context) error{
 		func(ctx context.Context) error {
-			return serveHTTP(ctx, "public", c.HTTPAddr, c.HTTPLimits, api.JSONErrors(public), log)
+			return serveHTTP(ctx, "public", c.HTTPAddr, c.HTTPLimits, c.APIEdge, api.JSONErrors(public), log)
 		},
 		func(ctx context.Context) error {
-			return serveHTTP(ctx, "internal", c.AdminAddr, c.HTTPLimits, api.JSONErrors(internal), log)
+			return serveHTTP(ctx, "internal", c.AdminAddr, c.HTTPLimits, c.APIEdge, api.JSONErrors(internal), log)
 		},
 	}
 }

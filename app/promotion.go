@@ -52,10 +52,8 @@ func (c *promotionConfig) register(s *settings) {
 	s.dur(&c.Relay.RelayPosition.Lease, "relay-position-lease", "RELAY_POSITION_LEASE", outbox.PositionLeaseDefault,
 		"how long after a good check of its outbox position's database session the relay may write to Kafka; a process that takes the position from one that lost it waits 1.25 times this before it reads, and a holder idle in its transaction for twice this (at least 3s) loses its session")
 	s.str(&c.Relay.RelayTransactionalID, "relay-transactional-id", "RELAY_TRANSACTIONAL_ID", "",
-		"Kafka transactional.id of the relay's producer, the same in every promotion process of one outbox: each outbox page the relay reads is one Kafka transaction, and the process that takes the outbox position fences the producer of the one before it, so a frozen holder's late requests never reach the topic; "+
-			router.RelayTransactionsOff+": an idempotent producer without transactions, for a cluster that grants the relay no Write on a TransactionalId (a frozen holder is then fenced on PostgreSQL's side only; docs/architecture.md, \"The relay position\")")
-	// Shown as what it becomes: the default follows PROMOTION_TOPIC (router.PromotionConfig).
-	s.fs.Lookup("relay-transactional-id").DefValue = router.RelayTransactionalIDFor("<PROMOTION_TOPIC>")
+		"Kafka transactional.id of the relay's producer, the same in every promotion process of one outbox (e.g. "+router.RelayTransactionalIDFor("<PROMOTION_TOPIC>")+"): each outbox page the relay reads is one Kafka transaction, and the process that takes the outbox position fences the producer of the one before it, so a frozen holder's late requests never reach the topic; "+
+			"empty or "+router.RelayTransactionsOff+" (the default): an idempotent producer without transactions, a frozen holder fenced on PostgreSQL's side only (docs/architecture.md, \"The relay position\")")
 	s.value(&c.Relay.RelayStandbyFlush, "relay-standby-flush", "RELAY_STANDBY_FLUSH",
 		"publish an outbox page only once these standbys have flushed it: their application_names separated by commas, any (at least one standby), or off; "+
 			"needs pg_read_all_stats (or pg_monitor) for the relay's role; not needed with synchronous replication (docs/operations.md)")
@@ -74,7 +72,7 @@ func (c *promotionConfig) wire() {
 
 func (c promotionConfig) validate() error {
 	c.wire()
-	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), validateRateLimit(c.RateLimit, "API"), c.Topics.validate(),
+	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), c.APIEdge.validate(), validateRateLimit(c.RateLimit, "API"), c.Topics.validate(),
 		c.Expire.Validate(), c.Purchases.Validate()}
 	if _, err := api.ParseTokens(c.APITokens, tokenMinLength(c.dev)); err != nil {
 		errs = append(errs, fmt.Errorf("PROMOTION_API_TOKENS: %w", err))
@@ -91,7 +89,9 @@ func runPromotion(ctx context.Context, args []string) error {
 		func() error { return errors.Join(cfg.apiTokens.resolve(), cfg.validate()) }); err != nil {
 		return err
 	}
-	return startPromotion(ctx, cfg, cfg.logger("promotion"))
+	log := cfg.logger("promotion")
+	log.Info("memory limit", applyMemoryLimit(0, log)...)
+	return startPromotion(ctx, cfg, log)
 }
 
 func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {

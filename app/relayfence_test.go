@@ -39,14 +39,14 @@ const (
 // read_committed consumer sees, neither what it had sent before it froze nor
 // what it sends after it thaws, once a second process took the position
 // over: every event is on the topic once, in order per purchase. The
-// processes run with the default RELAY_TRANSACTIONAL_ID.
+// processes run with RELAY_TRANSACTIONAL_ID set (it is off by default).
 func TestRelay_FrozenHolderIsFencedWithinItsLease(t *testing.T) {
 	t.Parallel()
 	url := pgtest.DatabaseURL(t)
 	db := pgtest.Open(t, url)
 	topic := kafkatest.TopicWith(t, kafkakit.Topic{Partitions: 1, CleanupPolicy: kafkakit.PolicyCompact})
 	env := envOf("KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","), "LOG_LEVEL=warn", "PROMOTION_TOPIC="+topic,
-		"KAFKA_CREATE_TOPICS=false", "EXPIRE_INTERVAL=1h", "OUTBOX_BATCH_SIZE=1")
+		"KAFKA_CREATE_TOPICS=false", "EXPIRE_INTERVAL=1h", "OUTBOX_BATCH_SIZE=1", "RELAY_TRANSACTIONAL_ID=promoflow-promotion-relay."+topic)
 
 	want := map[string]int64{} // MessageId → version
 	for v := int64(1); v <= fenceRows; v++ {

@@ -31,7 +31,7 @@ var recordedSpans = sync.OnceValue(func() *tracetest.SpanRecorder {
 })
 
 // TestTracing_CreateToCardIsOneTrace: a purchase made through the API with a
-// traceparent is one trace from the request to the card, through real
+// trusted caller's traceparent is one trace from the request to the card, through real
 // PostgreSQL and Kafka: the API's server span (a child of the caller's
 // span, named in the answer's traceresponse) → the create transaction → the
 // relay's publish, and, from the Kafka headers, the consumer's receive →
@@ -47,7 +47,7 @@ func TestTracing_CreateToCardIsOneTrace(t *testing.T) {
 	promotion, catalog := freeAddr(t), freeAddr(t)
 	runInProcess(t, runPromotion, "--database-url", dbURL, "--kafka-brokers", brokers, "--http-addr", promotion,
 		"--topic", topic, "--topic-partitions", "2", "--expire-interval", "1h", "--log-level", "warn",
-		"--api-tokens", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
+		"--api-tokens", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--api-trace-parent-trusted")
 	waitHTTPReady(t, promotion)
 	runInProcess(t, runCatalog, "--database-url", dbURL, "--kafka-brokers", brokers, "--http-addr", catalog,
 		"--topic", topic, "--replay-topic", topic+"-replay", "--dlq-topic", topic+"-dlq", "--topic-partitions", "2",
@@ -81,14 +81,28 @@ func TestTracing_CreateToCardIsOneTrace(t *testing.T) {
 // ending after lasts, with traceparent and correlationID; it wants a 201.
 func postTraced(t *testing.T, addr string, project uuid.UUID, lasts time.Duration, traceparent, correlationID string) (*http.Response, string) {
 	t.Helper()
+	req := newPurchaseRequest(t, addr, project, lasts)
+	req.Header.Set("traceparent", traceparent)
+	req.Header.Set("X-Correlation-Id", correlationID)
+	return doCreated(t, req)
+}
+
+// newPurchaseRequest is the request of tenant t1 for a purchase of weight 7
+// on project through the API at addr, ending after lasts.
+func newPurchaseRequest(t *testing.T, addr string, project uuid.UUID, lasts time.Duration) *http.Request {
+	t.Helper()
 	body, _ := json.Marshal(map[string]any{"PackageKind": "Top", "BoostWeight": 7,
 		"Targets": []map[string]string{{"TargetKind": "Project", "TargetId": project.String()}},
 		"EndsAt":  time.Now().Add(lasts).UTC().Format(time.RFC3339Nano)})
 	req, err := http.NewRequest("POST", "http://"+addr+"/promotions", bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer tenant-one-token-01")
-	req.Header.Set("traceparent", traceparent)
-	req.Header.Set("X-Correlation-Id", correlationID)
+	return req
+}
+
+// doCreated sends a purchase request, wants a 201 and returns the purchase's id.
+func doCreated(t *testing.T, req *http.Request) (*http.Response, string) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

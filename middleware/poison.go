@@ -183,20 +183,37 @@ func (c PoisonConfig) deadLetter(msg *message.Message, perm *Permanent) (*messag
 		"reason", reason,
 		"dlqTopic", c.Topic,
 	}
+	// A replayed record that fails again keeps its first origin: the DLQ
+	// replay's ledger is keyed by it, so that each original is replayed
+	// once however many copies of it the DLQ holds.
+	first := hasOrigin(msg)
 	if topic := cmp.Or(message.SubscribeTopicFromCtx(ctx), c.SourceTopic); topic != "" {
-		dlq.Metadata.Set(HeaderSourceTopic, topic)
+		if !first {
+			dlq.Metadata.Set(HeaderSourceTopic, topic)
+		}
 		attrs = append(attrs, "sourceTopic", topic)
 	}
 	if p, ok := kafka.MessagePartitionFromCtx(ctx); ok {
-		dlq.Metadata.Set(HeaderOriginalPartition, strconv.FormatInt(int64(p), 10))
+		if !first {
+			dlq.Metadata.Set(HeaderOriginalPartition, strconv.FormatInt(int64(p), 10))
+		}
 		attrs = append(attrs, "partition", p)
 	}
 	if o, ok := kafka.MessagePartitionOffsetFromCtx(ctx); ok {
-		dlq.Metadata.Set(HeaderOriginalOffset, strconv.FormatInt(o, 10))
+		if !first {
+			dlq.Metadata.Set(HeaderOriginalOffset, strconv.FormatInt(o, 10))
+		}
 		attrs = append(attrs, "offset", o)
 	}
 	dlq.SetContext(ctx)
 	return dlq, attrs
+}
+
+// hasOrigin reports whether msg carries a first origin already: it is a
+// replay of a dead letter.
+func hasOrigin(msg *message.Message) bool {
+	return msg.Metadata.Get(HeaderSourceTopic) != "" && msg.Metadata.Get(HeaderOriginalPartition) != "" &&
+		msg.Metadata.Get(HeaderOriginalOffset) != ""
 }
 
 // DLQPartitionKey keys a dead-lettered record by its purchase id (the

@@ -67,15 +67,20 @@ func TestConsumer_KeyMustEqualPurchaseId(t *testing.T) {
 	require.EqualValues(t, 2, st.Skipped, "the rebuild reads the keys and skips the records keyed otherwise")
 	require.Equal(t, 10, b.BoostOf(event.TargetProject, project))
 
-	res, err := dlqreplay.New(dlqreplay.Config{Kafka: b.Cfg.Kafka, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
+	res, err := dlqreplay.New(dlqreplay.Config{Kafka: b.Cfg.Kafka, DB: b.DB, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
 		SourceTopic: b.Cfg.Topic, Group: "pf-test-replay-" + kafkatest.RandomSuffix(), Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	replay, err := res.Run(context.Background())
 	require.NoError(t, err)
 	require.EqualValues(t, 3, replay.Replayed)
 	again := kafkatest.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 6 })
+	origins := map[string]string{}
+	for _, rec := range dead {
+		origins[string(rec.Key)] = kafkatest.Header(rec, middleware.HeaderSourceTopic) + "@" + kafkatest.Header(rec, middleware.HeaderOriginalOffset)
+	}
 	for _, rec := range again[3:] {
-		require.Equal(t, b.Cfg.ReplayTopic, kafkatest.Header(rec, middleware.HeaderSourceTopic))
+		require.Equal(t, origins[string(rec.Key)], kafkatest.Header(rec, middleware.HeaderSourceTopic)+"@"+kafkatest.Header(rec, middleware.HeaderOriginalOffset),
+			"the first origin, kept across replays")
 		require.Equal(t, middleware.CodeKeyMismatch, kafkatest.Header(rec, middleware.HeaderDLQErrorCode),
 			"the replay keeps the key, so the consumer refuses it again")
 	}

@@ -60,9 +60,9 @@ type PromotionConfig struct {
 	// good check of its session lets it write to Kafka (see addRelay).
 	RelayPosition outbox.PositionGuardConfig
 	// RelayTransactionalID is the relay producer's Kafka transactional.id, one
-	// for every process of an outbox (see addRelay). Defaults, when Topic is
-	// set, to RelayTransactionalIDFor(Topic); RelayTransactionsOff, or empty
-	// without a Topic: no transactions.
+	// for every process of an outbox (see addRelay), e.g.
+	// RelayTransactionalIDFor(Topic). Empty or RelayTransactionsOff (the
+	// default): no transactions.
 	RelayTransactionalID string
 	// RelayStandbyFlush are the standbys that must have flushed a page
 	// before the relay publishes it (outbox.StandbyFlush). Defaults to off.
@@ -110,9 +110,6 @@ func (c *PromotionConfig) setDefaults() {
 	c.KeyJanitorInterval = cmp.Or(c.KeyJanitorInterval, KeyJanitorIntervalDefault)
 	c.RelayPublishTimeout = cmp.Or(c.RelayPublishTimeout, kafkakit.PublishTimeoutDefault)
 	c.TopicCheckInterval = cmp.Or(c.TopicCheckInterval, outbox.TopicCheckIntervalDefault)
-	if c.RelayTransactionalID == "" && c.Topic != "" {
-		c.RelayTransactionalID = RelayTransactionalIDFor(c.Topic)
-	}
 }
 
 // heldBackLogAfter is how long an outbox writer may hold the relay back before
@@ -229,7 +226,7 @@ func NewPromotion(db *sqlx.DB, exp *expire.Expirer, m *PromotionMetrics, log *sl
 // over the pinned count, so a key never moves to a partition added in place.
 //
 // A holder frozen mid-publish may send, on thawing, what its lease no longer
-// governs: with RelayTransactionalID (on by default) each page is a Kafka
+// governs: with RelayTransactionalID (off by default) each page is a Kafka
 // transaction, and the next holder fences the frozen producer
 // (outbox.PageTransaction, kafkakit/page.go).
 func (p *Promotion) addRelay(db *sqlx.DB, m *PromotionMetrics, log *slog.Logger, wlog watermill.LoggerAdapter, cfg PromotionConfig) error {

@@ -44,7 +44,7 @@ func TestTracing_ReplayKeepsTheOriginalTrace(t *testing.T) {
 	require.True(t, childOf(deadLetter, first.SpanContext()), "the dead-letter publish is a child of the receive")
 	require.Equal(t, c.Cfg.DLQTopic, attr(deadLetter, "messaging.destination.name"))
 
-	r, err := dlqreplay.New(dlqreplay.Config{Kafka: c.Cfg.Kafka, DLQTopic: c.Cfg.DLQTopic, ReplayTopic: c.Cfg.ReplayTopic,
+	r, err := dlqreplay.New(dlqreplay.Config{Kafka: c.Cfg.Kafka, DB: c.DB, DLQTopic: c.Cfg.DLQTopic, ReplayTopic: c.Cfg.ReplayTopic,
 		SourceTopic: c.Cfg.Topic, Group: "pf-test-replay-" + kafkatest.RandomSuffix(), Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithTimeout(t.Context(), time.Minute)

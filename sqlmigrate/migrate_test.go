@@ -95,8 +95,11 @@ func TestUp_ADatabaseMigratedBeforeCompatibleFromGetsTheBaseline(t *testing.T) {
 		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(t, err)
 	const column = "0021_migrations_compatible_from"
+	// Every other migration counts as applied, the later ones too: the
+	// database has none of the tables the earlier ones made, which a later
+	// one may alter.
 	for _, m := range all {
-		if m.Version < column {
+		if m.Version != column {
 			_, err = db.ExecContext(ctx, `INSERT INTO public.promoflow_migrations (version) VALUES ($1)`, m.Version)
 			require.NoError(t, err)
 		}

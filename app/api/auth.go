@@ -92,6 +92,12 @@ func ParseTokens(s string, minLength int) (Tokens, error) {
 	return NewTokens(raw), nil
 }
 
+// Has reports whether token is one of t.
+func (t Tokens) Has(token string) bool {
+	_, ok := t[digestOf(token)]
+	return ok
+}
+
 var errUnauthorized = errors.New("unauthorized")
 
 // tenant resolves the caller's tenant from its bearer token.

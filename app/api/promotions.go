@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -108,7 +109,7 @@ func (h *Promotions) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := req.draft()
-	p, replayed, err := h.Service.Create(r.Context(), tenantOf(r), key, d, correlationID(r))
+	p, replayed, err := h.Service.Create(r.Context(), tenantOf(r), key, d, h.correlationID(r))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -167,7 +168,7 @@ func (h *Promotions) cancel(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := h.Service.Cancel(r.Context(), tenantOf(r), id, correlationID(r))
+	p, err := h.Service.Cancel(r.Context(), tenantOf(r), id, h.correlationID(r))
 	if errors.Is(err, purchase.ErrTerminal) {
 		writeError(w, http.StatusConflict, "terminal_status", fmt.Sprintf("purchase is already %s", p.Status))
 		return
@@ -219,10 +220,25 @@ func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	return id, true
 }
 
-// correlationID takes X-Correlation-Id from the caller or makes one.
-func correlationID(r *http.Request) string {
-	if c := r.Header.Get("X-Correlation-Id"); c != "" && len(c) <= 128 {
+// correlationIDPattern is what a caller's X-Correlation-Id may be: it is
+// published as the correlation_id header of every event the request writes
+// (a string in the AsyncAPI), logged and put on spans.
+var correlationIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ValidCorrelationID reports whether c may be taken as a correlation id:
+// 1 to 128 of A–Z, a–z, 0–9, '.', '_', ':' and '-'.
+func ValidCorrelationID(c string) bool { return correlationIDPattern.MatchString(c) }
+
+// correlationID takes X-Correlation-Id from the caller when it is valid, and
+// otherwise makes one. A rejected one is dropped: only its length is logged,
+// since its bytes are the caller's and may not even be text.
+func (h *Promotions) correlationID(r *http.Request) string {
+	c := r.Header.Get("X-Correlation-Id")
+	if ValidCorrelationID(c) {
 		return c
+	}
+	if c != "" {
+		h.Log.Debug("purchase api: X-Correlation-Id is not valid and is replaced", "length", len(c))
 	}
 	return uuid.NewString()
 }

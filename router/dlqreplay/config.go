@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/promoflow/promoflow/handlers/event"
 	"github.com/promoflow/promoflow/middleware"
@@ -34,6 +35,12 @@ const (
 type Config struct {
 	// Kafka is the cluster that holds the DLQ and replay topics. Required.
 	Kafka kafkakit.Cluster
+	// DB is the catalog's database, whose ledger (catalog.dlq_replays)
+	// records each original replayed. Required by Run; List does not use it.
+	DB *sqlx.DB
+	// Force replays dead letters whose original the ledger says an earlier
+	// run replayed already.
+	Force bool
 	// DLQTopic is read. Defaults to middleware.DLQTopicDefault.
 	DLQTopic string
 	// ReplayTopic is written; only the catalog consumer reads it. Defaults to ReplayTopicDefault.
@@ -112,6 +119,7 @@ const (
 	park                  // replayed MaxReplays times already
 	replay                // forward it
 	broken                // by reference, and its record is gone or another one
+	done                  // the ledger has its original replayed already
 )
 
 func (c Config) decide(msg *message.Message) verdict {

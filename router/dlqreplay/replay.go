@@ -6,6 +6,12 @@
 // it had when the replay began, every forwarded record carries an incremented
 // x-dlq-replay-count, and a record replayed MaxReplays times is parked (left
 // in the DLQ, counted) instead of forwarded.
+//
+// Each original is replayed once, whatever the consumer group: the ledger
+// (ledger.go, catalog.dlq_replays) records a dead letter's first origin
+// once the replay topic acknowledged it, and later runs skip every copy of
+// it; Force replays again on purpose. TestDLQReplay_EachOriginalOnceAcrossGroups
+// runs three rounds in three groups.
 package dlqreplay
 
 import (
@@ -69,6 +75,9 @@ func (r *Replayer) Run(ctx context.Context) (Result, error) {
 	res := func(err error) (Result, error) {
 		r.endRun(span, err)
 		return Result{Group: r.cfg.Group, Counts: r.progress.Snapshot(), Duration: time.Since(start)}, err
+	}
+	if r.cfg.DB == nil {
+		return res(ErrNoLedger)
 	}
 	client, err := bounded.Dial(r.cfg.Kafka, "promoflow-dlq-replay")
 	if err != nil {
@@ -187,7 +196,10 @@ func (r *Replayer) dryRun(ctx context.Context, client *bounded.Client, ranges []
 			return err
 		}
 		r.progress.Read.Add(1)
-		v := r.cfg.decide(msg)
+		v, err := r.cfg.checkLedger(ctx, rec, msg, r.cfg.decide(msg))
+		if err != nil {
+			return err
+		}
 		if v == replay {
 			if _, _, err = r.cfg.dereference(ctx, client, rec, msg); errors.Is(err, errBrokenReference) {
 				v = broken
@@ -206,6 +218,9 @@ func (r *Replayer) dryRun(ctx context.Context, client *bounded.Client, ranges []
 		case v == broken:
 			r.progress.Skipped.Add(1)
 			what = "would skip"
+		case v == done:
+			r.progress.Skipped.Add(1)
+			what = "would skip, replayed already"
 		case r.capReached():
 			return nil
 		default:

@@ -28,7 +28,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
 	b := &bundle{Bundle: catalogtest.New(t, true)}
-	b.cfg = dlqreplay.Config{Kafka: b.Cfg.Kafka, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
+	b.cfg = dlqreplay.Config{Kafka: b.Cfg.Kafka, DB: b.DB, DLQTopic: b.Cfg.DLQTopic, ReplayTopic: b.Cfg.ReplayTopic,
 		SourceTopic: b.Cfg.Topic, Group: "pf-test-replay-" + kafkatest.RandomSuffix(), Log: slog.New(slog.DiscardHandler)}
 	return b
 }
@@ -75,16 +75,24 @@ func produceKeyed(t *testing.T, topic, key string, value []byte, headers map[str
 	require.NoError(t, err)
 }
 
-func TestDLQReplay_DoesNotAmplifyWhileConsumerRuns(t *testing.T) {
-	b := setup(t)
+// startWithTwoDeadLetters starts the consumer and has it dead-letter two
+// records of the purchase topic, keyed k1 and k2.
+func (b *bundle) startWithTwoDeadLetters(t *testing.T) {
+	t.Helper()
 	b.Start(t)
 	produceKeyed(t, b.Cfg.Topic, "k1", []byte(`{"PurchaseId":"not json`), map[string]string{"_watermill_message_uuid": uuid.NewString()})
 	produceKeyed(t, b.Cfg.Topic, "k2", []byte(`{"Version":0}`), map[string]string{"_watermill_message_uuid": uuid.NewString()})
 	require.Eventually(t, func() bool { return b.dlqSize(t) == 2 }, 30*time.Second, 20*time.Millisecond)
+}
 
-	// Unfiltered replays while the consumer dead-letters each replayed record
-	// again: each run stops at the end it saw, and after MaxReplays runs the
-	// two records are parked.
+func TestDLQReplay_DoesNotAmplifyWhileConsumerRuns(t *testing.T) {
+	b := setup(t)
+	b.startWithTwoDeadLetters(t)
+
+	// Unfiltered replays, forced past the ledger, while the consumer
+	// dead-letters each replayed record again: each run stops at the end it
+	// saw, and after MaxReplays runs the two records are parked.
+	b.cfg.Force = true
 	var runs []dlqreplay.Result
 	for size := int64(2); len(runs) < 10; {
 		res := run(t, b.cfg)
@@ -105,6 +113,41 @@ func TestDLQReplay_DoesNotAmplifyWhileConsumerRuns(t *testing.T) {
 	require.Never(t, func() bool { return b.dlqSize(t) > 2+2*dlqreplay.MaxReplaysDefault }, 2*time.Second, 100*time.Millisecond,
 		"the DLQ grows by at most 2 × max-replays")
 	require.EqualValues(t, 2+2*dlqreplay.MaxReplaysDefault, b.dlqSize(t))
+}
+
+// TestDLQReplay_EachOriginalOnceAcrossGroups: dead letters replayed in three
+// rounds, each in a consumer group of its own, while the consumer
+// dead-letters every replayed record again, reach the replay topic once
+// per original: the ledger knows each original by the first origin that
+// every copy in the DLQ carries.
+func TestDLQReplay_EachOriginalOnceAcrossGroups(t *testing.T) {
+	b := setup(t)
+	b.startWithTwoDeadLetters(t)
+
+	var replayed []int64
+	for round := range 3 {
+		cfg := b.cfg
+		cfg.Group = "pf-test-replay-" + strconv.Itoa(round) + "-" + kafkatest.RandomSuffix()
+		before := b.dlqSize(t)
+		res := run(t, cfg)
+		replayed = append(replayed, res.Replayed)
+		// The consumer dead-letters the replays again: the next round finds
+		// copies of both originals beside them.
+		require.Eventually(t, func() bool { return b.dlqSize(t) == before+res.Replayed }, 30*time.Second, 20*time.Millisecond)
+	}
+	require.Equal(t, []int64{2, 0, 0}, replayed, "records replayed per round, each in a new group")
+	onReplay := kafkatest.ReadTopic(t, b.Cfg.ReplayTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
+	keys := map[string]int{}
+	for _, m := range onReplay {
+		keys[string(m.Key)]++
+	}
+	require.Equal(t, map[string]int{"k1": 1, "k2": 1}, keys, "each original once on the replay topic")
+	require.EqualValues(t, 2, catalogtest.TopicSize(t, b.Cfg.ReplayTopic), "records on the replay topic")
+
+	// --force replays on purpose what the ledger has.
+	cfg := b.cfg
+	cfg.Group, cfg.Force = "pf-test-replay-forced-"+kafkatest.RandomSuffix(), true
+	require.Positive(t, run(t, cfg).Replayed)
 }
 
 func TestDLQReplay_StopsAtEndSeenAtStart(t *testing.T) {
@@ -188,11 +231,15 @@ func TestDLQ_KeepsKeyAndHeaders(t *testing.T) {
 	require.Equal(t, id, kafkatest.Header(replayed, "_watermill_message_uuid"))
 	require.Equal(t, "1", kafkatest.Header(replayed, middleware.HeaderDLQReplayCount))
 
-	// Dead-lettered again from the replay topic: still the key, and the count.
+	// Dead-lettered again from the replay topic: still the key, the count
+	// and the first origin.
 	again := kafkatest.ReadTopic(t, b.Cfg.DLQTopic, 30*time.Second, func(ms []*sarama.ConsumerMessage) bool { return len(ms) >= 2 })
 	last := again[len(again)-1]
 	require.Equal(t, "k1", string(last.Key))
-	require.Equal(t, b.Cfg.ReplayTopic, kafkatest.Header(last, middleware.HeaderSourceTopic))
+	for _, h := range []string{middleware.HeaderSourceTopic, middleware.HeaderOriginalPartition, middleware.HeaderOriginalOffset} {
+		require.Equal(t, kafkatest.Header(dead, h), kafkatest.Header(last, h), "%s of the first dead letter", h)
+	}
+	require.Equal(t, b.Cfg.Topic, kafkatest.Header(last, middleware.HeaderSourceTopic))
 	require.Equal(t, "1", kafkatest.Header(last, middleware.HeaderDLQReplayCount))
 }
 

@@ -179,8 +179,11 @@ func (s *source) handle(sess sarama.ConsumerGroupSession) bounded.Handler {
 		if err != nil {
 			return fmt.Errorf("unmarshal %s/%d@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 		}
-		v := s.cfg.decide(msg)
-		out, key, err := msg, rec.Key, error(nil)
+		v, err := s.cfg.checkLedger(ctx, rec, msg, s.cfg.decide(msg))
+		if err != nil {
+			return err
+		}
+		out, key := msg, rec.Key
 		if v == replay {
 			out, key, err = s.cfg.dereference(ctx, s.client, rec, msg)
 			if errors.Is(err, errBrokenReference) {
@@ -205,9 +208,19 @@ func (s *source) handle(sess sarama.ConsumerGroupSession) bounded.Handler {
 			s.progress.Skipped.Add(1)
 			s.cfg.Log.Warn("skipped", "partition", rec.Partition, "offset", rec.Offset, "MessageId", msg.UUID,
 				"PurchaseId", msg.Metadata.Get(event.HeaderAggregateID), "error", err.Error())
+		case done:
+			s.progress.Matched.Add(1)
+			s.progress.Skipped.Add(1)
+			s.cfg.Log.Info("skipped: replayed already (--force replays it again)", "partition", rec.Partition, "offset", rec.Offset,
+				"MessageId", msg.UUID, "PurchaseId", msg.Metadata.Get(event.HeaderAggregateID))
 		case replay:
 			s.progress.Matched.Add(1)
-			if err := s.forward(ctx, rec, out, key); err != nil {
+			err := s.cfg.replayOnce(ctx, originOf(rec, msg), func() error { return s.forward(ctx, rec, out, key) })
+			if errors.Is(err, errReplayedMeanwhile) {
+				s.progress.Skipped.Add(1)
+				s.cfg.Log.Info("skipped: replayed by another run meanwhile", "partition", rec.Partition, "offset", rec.Offset,
+					"MessageId", msg.UUID, "PurchaseId", msg.Metadata.Get(event.HeaderAggregateID))
+			} else if err != nil {
 				return err
 			}
 		}

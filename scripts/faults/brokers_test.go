@@ -228,8 +228,7 @@ func killCoordinatorMidRebalance(t *testing.T, e *env) int {
 
 // addCatalog starts one more catalog process in the scenario.
 func (e *env) addCatalog(t *testing.T) *proc {
-	p := newProc(t, e.s, "catalog", len(e.catalogs)+1, e.catalogArgs)
-	p.unexpected = func(p *proc, x exitRecord) { e.violate("%s exited: %s (log %s)", p.name, x, p.logs) }
+	p := e.newProc("catalog", len(e.catalogs)+1)
 	e.mu.Lock()
 	e.catalogs = append(e.catalogs, p)
 	e.mu.Unlock()

@@ -76,6 +76,8 @@ type topicRecord struct {
 	// MessageID is the Watermill message UUID header, "" when it is missing.
 	MessageID string
 	Value     []byte
+	// Timestamp is the record's, the relay's produce time.
+	Timestamp time.Time
 }
 
 func (r topicRecord) where() string { return fmt.Sprintf("record %d/%d", r.Partition, r.Offset) }
@@ -328,7 +330,7 @@ func readTopic(ctx context.Context, cluster kafkakit.Cluster, topic string) (rem
 	}
 	var mu sync.Mutex
 	err = client.Read(ctx, ranges, func(_ context.Context, rec *sarama.ConsumerMessage) error {
-		r := topicRecord{Partition: rec.Partition, Offset: rec.Offset, Key: string(rec.Key), Value: rec.Value}
+		r := topicRecord{Partition: rec.Partition, Offset: rec.Offset, Key: string(rec.Key), Value: rec.Value, Timestamp: rec.Timestamp}
 		for _, h := range rec.Headers {
 			if string(h.Key) == kafka.UUIDHeaderKey {
 				r.MessageID = string(h.Value)

@@ -59,8 +59,13 @@ type env struct {
 	faults     int
 	// detail is what the scenario measured besides, for its line.
 	detail string
-	// created are the purchase ids the API answered 201 for.
-	created map[uuid.UUID]bool
+	// created are the purchase ids the API answered 201 for, with when
+	// the answer came (after the purchase's commit).
+	created  map[uuid.UUID]bool
+	answered map[uuid.UUID]time.Time
+	// retired are the processes a scenario stopped for good: finish reads
+	// their logs too.
+	retired []*proc
 	// malformed are the keys of the records a scenario wrote to break the
 	// contract on purpose: the checker leaves out those records, and only those.
 	malformed map[string]bool
@@ -89,7 +94,7 @@ func suffix() string {
 func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	t.Helper()
 	sfx := suffix()
-	e := &env{s: s, t: t, ctx: context.Background(), admin: "catalog-admin-token-" + sfx, created: map[uuid.UUID]bool{}, malformed: map[string]bool{},
+	e := &env{s: s, t: t, ctx: context.Background(), admin: "catalog-admin-token-" + sfx, created: map[uuid.UUID]bool{}, answered: map[uuid.UUID]time.Time{}, malformed: map[string]bool{},
 		lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{}, promotionFlags: sc.promotionFlags,
 		kafkaVia: set(sc.kafkaVia), pgVia: set(sc.pgVia),
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
@@ -151,15 +156,21 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 		e.db.SetMaxOpenConns(10)
 	}
 	for i := range sc.promotions {
-		e.promotions = append(e.promotions, newProc(t, s, "promotion", i+1, e.promotionArgs))
+		e.promotions = append(e.promotions, e.newProc("promotion", i+1))
 	}
 	for i := range sc.catalogs {
-		e.catalogs = append(e.catalogs, newProc(t, s, "catalog", i+1, e.catalogArgs))
+		e.catalogs = append(e.catalogs, e.newProc("catalog", i+1))
 	}
-	for _, p := range e.all() {
-		p.unexpected = func(p *proc, x exitRecord) { e.violate("%s exited: %s (log %s)", p.name, x, p.logs) }
+	// A scenario that starts from the previous release starts on its schema:
+	// the head's migrations come later, as a step of the scenario.
+	bin := s.bin
+	if sc.previous {
+		bin = s.previous(t).bin
+		for _, p := range e.all() {
+			p.bin = bin
+		}
 	}
-	migrateUp(t, s, e.dbURL)
+	migrateUp(t, bin, e.dbURL)
 	e.started = time.Now()
 	// One process first: it creates the topics.
 	e.promotions[0].start(t)
@@ -169,6 +180,18 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	s.prom.scrape(t, e.all())
 	e.seedCards()
 	return e
+}
+
+// newProc makes the scenario's process job-n, whose exits nobody caused
+// are violations.
+func (e *env) newProc(job string, n int) *proc {
+	args := e.catalogArgs
+	if job == "promotion" {
+		args = e.promotionArgs
+	}
+	p := newProc(e.t, e.s, job, n, args)
+	p.unexpected = func(p *proc, x exitRecord) { e.violate("%s exited: %s (log %s)", p.name, x, p.logs) }
+	return p
 }
 
 func (e *env) promotionArgs(name string) []string {
@@ -209,6 +232,7 @@ func (e *env) violate(format string, args ...any) {
 func (e *env) recordCreated(id uuid.UUID) {
 	e.mu.Lock()
 	e.created[id] = true
+	e.answered[id] = time.Now()
 	e.mu.Unlock()
 }
 

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +51,11 @@ type suite struct {
 	// carries a process's whole Kafka traffic.
 	routes []route
 	prom   *prometheus
+	// previousOnce builds the previous release (upgrade_test.go) once, for
+	// the scenarios that run it.
+	previousOnce  sync.Once
+	previousBuilt builtRelease
+	previousErr   error
 }
 
 // route is where a proxy listens and where it forwards to.

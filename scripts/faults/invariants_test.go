@@ -259,7 +259,7 @@ func (e *env) checkDrift() {
 // logs: a panic or a fatal error in any of them is a violation.
 func (e *env) finish() {
 	e.stopAll()
-	for _, p := range e.all() {
+	for _, p := range append(e.all(), e.retired...) {
 		lines, err := p.crashes()
 		if err != nil {
 			e.violate("read the log of %s: %v", p.name, err)

@@ -34,7 +34,9 @@ type proc struct {
 	internal string
 	args     []string
 	bin      string
-	logs     string
+	// env is added to the suite's environment.
+	env  []string
+	logs string
 	// unexpected is told of an exit the harness did not cause, or of a
 	// graceful stop that did not exit 0.
 	unexpected func(p *proc, x exitRecord)
@@ -87,12 +89,12 @@ func newProc(t *testing.T, s *suite, job string, n int, args func(name string) [
 	return p
 }
 
-// migrateUp applies the migrations to the scenario's database with
-// `promoflow migrate up`, as an operator does before a release's processes
-// start: they do not migrate (MIGRATE_ON_START is false).
-func migrateUp(t *testing.T, s *suite, dbURL string) {
+// migrateUp applies the migrations of the release bin to the scenario's
+// database with `promoflow migrate up`, as an operator does before a
+// release's processes start: they do not migrate (MIGRATE_ON_START is false).
+func migrateUp(t *testing.T, bin, dbURL string) {
 	t.Helper()
-	out, err := exec.Command(s.bin, "migrate", "up", "--database-url", dbURL).CombinedOutput()
+	out, err := exec.Command(bin, "migrate", "up", "--database-url", dbURL).CombinedOutput()
 	if err != nil {
 		t.Fatalf("promoflow migrate up: %v\n%s", err, out)
 	}
@@ -108,7 +110,7 @@ func (p *proc) start(t *testing.T) {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), p.env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", p.name, err)
 	}

@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"slices"
@@ -30,6 +31,11 @@ type scenario struct {
 	replicated replication
 	// promotionFlags are more command-line flags of the promotion processes.
 	promotionFlags []string
+	// previous starts the scenario's processes from the previous release
+	// (release_test.go) instead of the binary under test.
+	previous bool
+	// test names the scenario's subtest instead of its number.
+	test string
 }
 
 var scenarios = []scenario{
@@ -68,6 +74,10 @@ var scenarios = []scenario{
 		replicated: synchronous, pgVia: []string{"*"}},
 	{num: 26, name: "(l') asynchronous failover without the standby flush: reconcile repairs every phantom",
 		run: asyncFailoverReconciled, promotions: 2, catalogs: 2, replicated: asynchronous},
+	{num: 27, name: "upgrade: the previous release and the head under traffic", run: upgradeUnderTraffic, promotions: 2, catalogs: 2,
+		previous: true, test: "TestUpgrade_PreviousReleaseAndHeadUnderTraffic"},
+	{num: 28, name: "rollback: the previous release on the head's schema", run: rollbackOnHeadSchema, promotions: 2, catalogs: 2,
+		previous: true, test: "TestRollback_PreviousReleaseOnHeadSchema"},
 }
 
 // TestFaults runs every scenario in turn, prints one line per scenario and a
@@ -87,7 +97,7 @@ func TestFaults(t *testing.T) {
 		r := result{num: sc.num, name: sc.name}
 		start := time.Now()
 		failed := false
-		t.Run(fmt.Sprintf("%02d", sc.num), func(t *testing.T) {
+		t.Run(cmp.Or(sc.test, fmt.Sprintf("%02d", sc.num)), func(t *testing.T) {
 			defer func() { failed = t.Failed() }()
 			// A scenario starts on a whole stack, even when the one before
 			// failed with a server of it down.

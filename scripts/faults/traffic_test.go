@@ -36,6 +36,8 @@ type traffic struct {
 	n       atomic.Int64
 	// unavailable counts 503s, each with Retry-After and a JSON error.
 	unavailable atomic.Int64
+	// serverErrors counts every 5xx answer, 503s included.
+	serverErrors atomic.Int64
 	// dropped counts requests whose connection failed while their process
 	// was deliberately down (and that went to the next process).
 	dropped atomic.Int64
@@ -175,6 +177,9 @@ func (tr *traffic) check(method, path string, resp *http.Response) (int, map[str
 		}
 	}
 	isCreate := method == http.MethodPost && path == "/promotions"
+	if resp.StatusCode >= 500 {
+		tr.serverErrors.Add(1)
+	}
 	switch {
 	case resp.StatusCode == http.StatusServiceUnavailable:
 		tr.unavailable.Add(1)

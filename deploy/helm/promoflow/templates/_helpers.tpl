@@ -140,3 +140,40 @@ affinity: {{- toYaml . | nindent 2 }}
 imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The egress rules of every pod: DNS, PostgreSQL, Kafka (the ports of
+kafka.brokers unless networkPolicy.egress.kafka.ports names them), the OTLP
+collector, then networkPolicy.egress.extra. A peer list left empty is any
+address.
+*/}}
+{{- define "promoflow.egress" -}}
+{{- $e := .Values.networkPolicy.egress -}}
+{{- $kafkaPorts := $e.kafka.ports -}}
+{{- if not $kafkaPorts -}}
+{{- $seen := dict -}}
+{{- range splitList "," .Values.kafka.brokers -}}
+{{- $port := trim . | splitList ":" | last -}}
+{{- if not (hasKey $seen $port) -}}
+{{- $_ := set $seen $port true -}}
+{{- $kafkaPorts = append $kafkaPorts (atoi $port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+- ports: [{port: 53, protocol: UDP}, {port: 53, protocol: TCP}]
+  {{- with $e.dns.to }}
+  to: {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- range $dest := list (dict "to" $e.postgres.to "ports" $e.postgres.ports) (dict "to" $e.kafka.to "ports" $kafkaPorts) (dict "to" $e.otlp.to "ports" $e.otlp.ports) }}
+- ports:
+  {{- range $dest.ports }}
+    - {port: {{ . }}, protocol: TCP}
+  {{- end }}
+  {{- with $dest.to }}
+  to: {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- with $e.extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
