@@ -49,7 +49,7 @@ func (c *catalogConfig) register(s *settings) {
 		s.secretWithFile(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "bearer token of /admin/* on the internal listener (empty: they answer 401); set alone, it also serves the card feed for this release, with a warning; at least 16 characters"),
 	}
 	s.dur(&c.RebuildCooldown, "rebuild-cooldown", "REBUILD_COOLDOWN", rebuildCooldownDefault, "a projection rebuild requested within this long after the last one started (in any process) answers 429 with Retry-After; 0: none")
-	rateLimitSettings(s, &c.AdminRateLimit, "admin", "ADMIN", "the admin token")
+	rateLimitSettings(s, &c.AdminRateLimit, "admin", "ADMIN", "the feed's token, and apart the admin token,")
 	c.registerTimings(s)
 	c.registerBuffers(s)
 	c.Topics.register(s)

@@ -39,8 +39,8 @@ func (d digest) matches(token string) bool {
 
 // bearer is the request's bearer token, "" when it has none.
 func bearer(r *http.Request) string {
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if token == r.Header.Get("Authorization") {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
 		return ""
 	}
 	return token
