@@ -62,10 +62,14 @@ func createPurchase(t *testing.T, addr, token string, lasts time.Duration) uuid.
 	return a.ID
 }
 
-// adminCall sends body to the catalog's admin path with the admin token,
+// adminCall sends body to the catalog's feed or admin path (on the internal
+// listener) with the admin token, which serves both when set alone,
 // wants one of the statuses, and returns the answer's body.
 func adminCall(t *testing.T, method, addr, path, body string, want ...int) string {
 	t.Helper()
+	if strings.HasPrefix(path, "/admin/") {
+		addr = internalOf(addr) // the rebuild is on the internal listener
+	}
 	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+pooledAdmin)
@@ -78,12 +82,16 @@ func adminCall(t *testing.T, method, addr, path, body string, want ...int) strin
 	return string(raw)
 }
 
-// waitBoost waits until the card at path (GET on the catalog at addr) has boost.
+// waitBoost waits until the card at path (GET on the catalog at addr, with
+// the admin token, which sees private cards too) has boost.
 func waitBoost(t *testing.T, addr, path string, boost int) {
 	t.Helper()
 	last := -1
 	ok := assert.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + path)
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+pooledAdmin)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}

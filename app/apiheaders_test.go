@@ -29,7 +29,7 @@ func TestAPI_IncomingBaggageIsNotPublished(t *testing.T) {
 	promotion := freeAddr(t)
 	runInProcess(t, runPromotion, "--database-url", dbURL, "--kafka-brokers", strings.Join(kafkatest.Brokers(t), ","),
 		"--http-addr", promotion, "--topic", topic, "--topic-partitions", "1", "--expire-interval", "1h", "--log-level", "warn",
-		"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
+		"--api-tokens", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
 	waitHTTPReady(t, promotion)
 
 	members := []string{"user.role=admin"}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/promoflow/promoflow/app/api"
 	"github.com/promoflow/promoflow/handlers/event"
@@ -17,9 +19,17 @@ import (
 // straight onto the consumer's config, whose defaults they show.
 type catalogConfig struct {
 	commonConfig
+	// FeedToken is the card feed's bearer token (the chessboard service's).
+	FeedToken string
+	// AdminToken is the operator's bearer token of /admin on the internal
+	// listener; alone, it also serves the feed for one release.
 	AdminToken string
-	// AdminRateLimit bounds the admin token's calls.
+	// RebuildCooldown refuses a rebuild requested within it after the last
+	// one started, in any process.
+	RebuildCooldown time.Duration
+	// AdminRateLimit bounds the admin and feed tokens' calls.
 	AdminRateLimit api.RateLimit
+	secrets        []*secretSetting
 	// MemoryLimit is the process's soft memory limit in bytes (0: from the
 	// buffers, -1: none); see memoryLimit.
 	MemoryLimit int
@@ -28,14 +38,18 @@ type catalogConfig struct {
 }
 
 func (c *catalogConfig) register(s *settings) {
-	c.commonConfig.register(s, ":8081")
+	c.commonConfig.register(s, ":8081", "127.0.0.1:9081")
 	s.bool(&c.Consumer.Enabled, "promotions-enabled", "CATALOG_PROMOTIONS_ENABLED", true, "feature flag catalog.promotions.enabled: when false the consumer does not subscribe")
 	s.str(&c.Consumer.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
 	s.str(&c.Consumer.ReplayTopic, "replay-topic", "CATALOG_REPLAY_TOPIC", dlqreplay.ReplayTopicDefault, "topic of DLQ replays, read by this consumer only")
 	s.str(&c.Consumer.DLQTopic, "dlq-topic", "CATALOG_DLQ_TOPIC", middleware.DLQTopicDefault, "dead-letter topic")
 	s.str(&c.Consumer.ConsumerGroup, "consumer-group", "CATALOG_CONSUMER_GROUP", router.CatalogConsumerGroup, "Kafka consumer group")
-	s.str(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "", "bearer token of the card feed and /admin endpoints (empty: they answer 401)")
-	rateLimitSettings(s, &c.AdminRateLimit, "admin", "ADMIN", "the admin token")
+	c.secrets = []*secretSetting{
+		s.secretWithFile(&c.FeedToken, "feed-token", "CATALOG_FEED_TOKEN", "bearer token of the card feed (PUT /cards/..., the chessboard service) on the public listener; it also reads every card, private ones too (empty: the feed answers 401, unless only CATALOG_ADMIN_TOKEN is set); at least 16 characters"),
+		s.secretWithFile(&c.AdminToken, "admin-token", "CATALOG_ADMIN_TOKEN", "bearer token of /admin/* on the internal listener (empty: they answer 401); set alone, it also serves the card feed for this release, with a warning; at least 16 characters"),
+	}
+	s.dur(&c.RebuildCooldown, "rebuild-cooldown", "REBUILD_COOLDOWN", rebuildCooldownDefault, "a projection rebuild requested within this long after the last one started (in any process) answers 429 with Retry-After; 0: none")
+	rateLimitSettings(s, &c.AdminRateLimit, "admin", "ADMIN", "the feed's token, and apart the admin token,")
 	c.registerTimings(s)
 	c.registerBuffers(s)
 	c.Topics.register(s)
@@ -68,7 +82,8 @@ func (c *catalogConfig) registerTimings(s *settings) {
 
 func runCatalog(ctx context.Context, args []string) error {
 	var cfg catalogConfig
-	if err := parseCommand("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
+	if err := parseCommand("catalog", "Runs the catalog context: the Promotion Boost consumer, the card feed and the projection rebuild.", args, cfg.register,
+		func() error { return errors.Join(resolveSecrets(cfg.secrets...), cfg.validate()) }); err != nil {
 		return err
 	}
 	log := cfg.logger("catalog")
@@ -100,25 +115,42 @@ func startCatalog(ctx context.Context, cfg catalogConfig, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: cfg.Consumer.Topic, Log: log})
+	rebuilder, err := rebuild.New(rebuild.Config{DB: db, Kafka: cluster, Topic: cfg.Consumer.Topic, Log: log, Cooldown: cfg.RebuildCooldown})
 	if err != nil {
 		return err
 	}
-	mux := newMux(reg, dbReady(db), schemaReady(db, log), brokersReady(cluster.Brokers), routerReady(c.Ready))
-	(&api.Catalog{DB: db, AdminToken: cfg.AdminToken, RateLimit: cfg.AdminRateLimit, Rebuilder: rebuilder, Log: log}).Register(mux)
-	return runAll(ctx, log,
+	checks := []readyCheck{dbReady(db), schemaReady(db, log), brokersReady(cluster.Brokers), routerReady(c.Ready)}
+	public, internal := newPublicMux(checks...), newInternalMux(reg, checks...)
+	(&api.Catalog{DB: db, FeedToken: cfg.feedToken(log), AdminToken: cfg.AdminToken, RateLimit: cfg.AdminRateLimit, Rebuilder: rebuilder, Log: log}).Register(public, internal)
+	return runAll(ctx, log, append(cfg.listeners(public, internal, log),
 		func(ctx context.Context) error { return c.Run(ctx) },
-		func(ctx context.Context) error {
-			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, cfg.APIEdge, api.JSONErrors(mux), log)
-		},
-		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil },
-	)
+		func(ctx context.Context) error { <-ctx.Done(); rebuilder.Stop(); return nil })...)
+}
+
+// rebuildCooldownDefault spaces rebuilds: each one re-reads the whole
+// purchase topic and rewrites the replica.
+const rebuildCooldownDefault = 10 * time.Minute
+
+// feedToken is the card feed's token: CATALOG_FEED_TOKEN, or for this
+// release CATALOG_ADMIN_TOKEN alone, which served both before the feed had
+// its own.
+func (c catalogConfig) feedToken(log *slog.Logger) string {
+	if c.FeedToken == "" && c.AdminToken != "" && !c.dev {
+		log.Warn("deprecated: CATALOG_ADMIN_TOKEN also serves the card feed because CATALOG_FEED_TOKEN is not set; "+
+			"give the chessboard service its own CATALOG_FEED_TOKEN: the next release serves the feed with it only", "setting", "CATALOG_FEED_TOKEN")
+		return c.AdminToken
+	}
+	return cmp.Or(c.FeedToken, c.AdminToken)
 }
 
 func (c catalogConfig) validate() error {
 	c.Consumer.Kafka.Brokers = splitList(c.Kafka.Brokers)
 	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), c.APIEdge.validate(), validateRateLimit(c.AdminRateLimit, "ADMIN"), c.Topics.validate(),
-		validateMemoryLimit(c.MemoryLimit)}
+		validateMemoryLimit(c.MemoryLimit), validateTokenLength(c.dev, "CATALOG_FEED_TOKEN", c.FeedToken),
+		validateTokenLength(c.dev, "CATALOG_ADMIN_TOKEN", c.AdminToken)}
+	if c.RebuildCooldown < 0 {
+		errs = append(errs, errors.New("REBUILD_COOLDOWN must be >= 0 (0: no cooldown)"))
+	}
 	if len(c.Consumer.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Consumer.Validate())
 	}

@@ -21,7 +21,10 @@ type commonConfig struct {
 	DatabaseURL string
 	Kafka       kafkaConfig
 	HTTPAddr    string
-	HTTPLimits  httpLimits
+	// AdminAddr is the internal listener's address: /metrics, /admin and the
+	// detailed /readyz, for operators and Prometheus only.
+	AdminAddr  string
+	HTTPLimits httpLimits
 	// APIEdge is what the API keeps of a caller's trace headers.
 	APIEdge apiPropagation
 	// MigrateOnStart is a process's MIGRATE_ON_START (false but in dev); a
@@ -31,15 +34,23 @@ type commonConfig struct {
 	// logSettings are LOG_LEVEL and LOG_FORMAT.
 	logSettings
 
+	// DatabaseTLSInsecureOK silences the warning of a DATABASE_URL that does
+	// not verify the server (databasetls.go).
+	DatabaseTLSInsecureOK bool
+	// dev is set by promoflow dev: a laptop, where short demo tokens and an
+	// unverified database are fine.
+	dev bool
+
 	// DatabaseDirectURL reaches PostgreSQL itself when DatabaseURL goes
 	// through a pooler: migrations run there (database.go).
 	DatabaseDirectURL string
 }
 
-func (c *commonConfig) register(s *settings, httpAddr string) {
+func (c *commonConfig) register(s *settings, httpAddr, adminAddr string) {
 	c.registerStores(s)
 	s.bool(&c.MigrateOnStart, "migrate-on-start", "MIGRATE_ON_START", false, migrateOnStartUsage)
-	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the API, /healthz, /readyz and /metrics")
+	s.str(&c.HTTPAddr, "http-addr", "HTTP_ADDR", httpAddr, "listen address of the public listener: the API, /openapi.json, /healthz and a /readyz that names only the component that is not ready")
+	s.str(&c.AdminAddr, "admin-addr", "ADMIN_ADDR", adminAddr, "listen address of the internal listener: /metrics, /admin/* and a /readyz with the error's text; keep it off the public network (Prometheus and operators only)")
 	c.HTTPLimits.register(s)
 	c.APIEdge.register(s)
 }
@@ -60,7 +71,8 @@ func (c *commonConfig) openCommand(ctx context.Context, s *settings, args []stri
 
 // registerStores registers what a command that serves no HTTP needs.
 func (c *commonConfig) registerStores(s *settings) {
-	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/db?sslmode=disable (required)")
+	s.str(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user@db.example:5432/db?sslmode=verify-full&sslrootcert=/etc/promoflow/ca.crt (required)")
+	s.bool(&c.DatabaseTLSInsecureOK, "database-tls-insecure-ok", "DATABASE_TLS_INSECURE_OK", false, databaseTLSInsecureOKUsage)
 	c.Kafka.register(s)
 	c.logSettings.register(s)
 	s.int(&c.DBMaxConns, "db-max-conns", "DB_MAX_CONNS", 20, "most open PostgreSQL connections")
@@ -88,6 +100,7 @@ func openProcess(ctx context.Context, name string, c commonConfig, log *slog.Log
 	if err != nil {
 		return nil, nil, err
 	}
+	warnDatabaseTLS(c, log)
 	db, err = openDB(ctx, name, c, log)
 	if err != nil {
 		_ = stopTracing(context.WithoutCancel(ctx))

@@ -48,7 +48,7 @@ var processes = map[string]func(*settings){
 
 // composeSetsOnPurpose are the settings compose.yaml gives a value other
 // than the code's default; every other setting it lists holds the default.
-var composeSetsOnPurpose = []string{"DATABASE_URL", "KAFKA_BROKERS", "KAFKA_TOPIC_REPLICATION", "HTTP_ADDR", "PROMOTION_API_TOKENS", "CATALOG_ADMIN_TOKEN"}
+var composeSetsOnPurpose = []string{"DATABASE_URL", "KAFKA_BROKERS", "KAFKA_TOPIC_REPLICATION", "HTTP_ADDR", "ADMIN_ADDR", "PROMOTION_API_TOKENS", "CATALOG_ADMIN_TOKEN", "CATALOG_FEED_TOKEN"}
 
 // secretFromFile is the one setting compose.yaml never shows: the password
 // comes from KAFKA_SASL_PASSWORD_FILE.
@@ -212,7 +212,7 @@ func TestCompose_ProcessesReadEverySettingWithItsDefault(t *testing.T) {
 	}
 	require.Equal(t, ":8080", env(t, promotion, "HTTP_ADDR"))
 	require.Equal(t, ":8081", env(t, catalog, "HTTP_ADDR"))
-	tokens, err := api.ParseTokens(env(t, promotion, "PROMOTION_API_TOKENS"))
+	tokens, err := api.ParseTokens(env(t, promotion, "PROMOTION_API_TOKENS"), api.MinTokenLength)
 	require.NoError(t, err)
 	require.NotEmpty(t, tokens)
 }
@@ -245,8 +245,9 @@ func TestCompose_MountedFilesExistAndPrometheusScrapesBothProcesses(t *testing.T
 	}
 	raw, err := os.ReadFile("../deploy/prometheus/prometheus.yml")
 	require.NoError(t, err)
-	require.Contains(t, string(raw), `"promotion:8080"`)
-	require.Contains(t, string(raw), `"catalog:8081"`)
+	// On each process's internal listener (ADMIN_ADDR), where /metrics is.
+	require.Contains(t, string(raw), `"promotion:`+strings.TrimPrefix(env(t, p.Services["promotion"], "ADMIN_ADDR"), ":")+`"`)
+	require.Contains(t, string(raw), `"catalog:`+strings.TrimPrefix(env(t, p.Services["catalog"], "ADMIN_ADDR"), ":")+`"`)
 }
 
 // TestCompose_PurchaseTopicIsACompactedChangelog: the topics service makes the

@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/promoflow/promoflow/app/api"
 	"github.com/promoflow/promoflow/app/demo"
 )
 
@@ -82,8 +82,9 @@ func parseDev(args []string) (devConfig, error) {
 		"Every setting of \"promotion\" and \"catalog\" is read from the environment.")
 	p.register(ps)
 	defaultMigrateOnStart(ps, &p.commonConfig)
-	var catalogAddr string
-	ps.str(&catalogAddr, "catalog-http-addr", "DEV_CATALOG_HTTP_ADDR", "127.0.0.1:8081", "listen address of the catalog's API, /healthz, /readyz and /metrics (--http-addr is the promotion's)")
+	var catalogAddr, catalogAdminAddr string
+	ps.str(&catalogAddr, "catalog-http-addr", "DEV_CATALOG_HTTP_ADDR", "127.0.0.1:8081", "listen address of the catalog's public listener: its API, /healthz and /readyz (--http-addr is the promotion's)")
+	ps.str(&catalogAdminAddr, "catalog-admin-addr", "DEV_CATALOG_ADMIN_ADDR", "127.0.0.1:9081", "listen address of the catalog's internal listener: /metrics, /admin/* and the detailed /readyz (--admin-addr is the promotion's)")
 	ps.bool(&d.Demo, "demo", "PROMOFLOW_DEMO", true, "seed a small catalog, make one purchase per target kind and show the cards' boosts as they change (a live table on a terminal)")
 	ps.negation("no-demo", "demo", "skip the demo: --demo=false")
 	ps.bool(&d.AllowRemote, "allow-remote", "DEV_ALLOW_REMOTE", false, "listen on an address other than loopback; then $PROMOTION_API_TOKENS and $CATALOG_ADMIN_TOKEN are required, and the demo tokens refused")
@@ -96,10 +97,15 @@ func parseDev(args []string) (devConfig, error) {
 	if _, ok := os.LookupEnv("HTTP_ADDR"); !ok && !flagGiven(ps, "http-addr") {
 		p.HTTPAddr = "127.0.0.1:8080"
 	}
-	c.commonConfig, c.HTTPAddr = p.commonConfig, catalogAddr
+	p.dev = true
+	if err := errors.Join(resolveSecrets(c.secrets...), p.apiTokens.resolve()); err != nil {
+		return d, err
+	}
+	c.commonConfig, c.HTTPAddr, c.AdminAddr = p.commonConfig, catalogAddr, catalogAdminAddr
 	c.Consumer.Topic, c.Topics = p.Topic, p.Topics
 	if err := checkDevExposure(d.AllowRemote, p.APITokens, c.AdminToken,
-		map[string]string{"the purchase API": p.HTTPAddr, "the catalog": c.HTTPAddr}); err != nil {
+		map[string]string{"the purchase API": p.HTTPAddr, "the catalog": c.HTTPAddr,
+			"the promotion's internal listener": p.AdminAddr, "the catalog's internal listener": c.AdminAddr}); err != nil {
 		return d, err
 	}
 	if p.APITokens == "" {
@@ -109,6 +115,9 @@ func parseDev(args []string) (devConfig, error) {
 	if c.AdminToken == "" {
 		c.AdminToken = devAdminToken
 		d.adminTokenShown = devAdminToken
+	}
+	if c.FeedToken == "" {
+		c.FeedToken = c.AdminToken // one demo token for the feed and /admin on a laptop
 	}
 	if _, ok := os.LookupEnv("EXPIRE_INTERVAL"); !ok && !flagGiven(ps, "expire-interval") {
 		p.Expire.Interval = 5 * time.Second // a laptop demo: expiry shows within seconds
@@ -181,14 +190,15 @@ func (d devConfig) run(ctx context.Context, out devOutput) error {
 // each event is a line above the live table, elsewhere a log record. A
 // failed step is logged and the processes keep running.
 func (d devConfig) playDemo(ctx context.Context, log *slog.Logger, screen *demo.Screen, onStep func(context.Context, demo.Step) error) {
-	tokens, _ := api.ParseTokens(d.Promotion.APITokens) // validated: dev's demo token or the operator's
-	names := make([]string, 0, len(tokens))
-	for t := range tokens {
-		names = append(names, t)
+	var names []string // validated: dev's demo token or the operator's
+	for _, pair := range splitList(d.Promotion.APITokens) {
+		token, _, _ := strings.Cut(pair, "=")
+		names = append(names, strings.TrimSpace(token))
 	}
 	slices.Sort(names)
 	cfg := demo.Config{PromotionURL: localURL(d.Promotion.HTTPAddr), CatalogURL: localURL(d.Catalog.HTTPAddr),
-		APIToken: names[0], AdminToken: d.Catalog.AdminToken, OnStep: onStep}
+		CatalogInternalURL: localURL(d.Catalog.AdminAddr),
+		APIToken:           names[0], FeedToken: d.Catalog.FeedToken, OnStep: onStep}
 	if screen != nil {
 		_, noColor := os.LookupEnv("NO_COLOR")
 		cfg.OnEvent = func(ev demo.Event) { fmt.Fprintln(screen, demo.EventLine(ev, !noColor)) }

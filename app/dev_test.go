@@ -54,10 +54,10 @@ func TestDev_PrintsTheDemoTokensItMadeUpAndNoneTheOperatorSet(t *testing.T) {
 }
 
 // metricValue is the value of the sample line that starts with name on the
-// /metrics of the process at addr (-1 when there is none).
+// /metrics of the process at addr, read on its internal listener (-1 when there is none).
 func metricValue(t *testing.T, addr, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get("http://" + internalOf(addr) + "/metrics")
 	if err != nil {
 		return -1
 	}
@@ -162,6 +162,7 @@ func TestDev_RefusesAnAddressBeyondLoopbackUnlessAllowedAndThenItsDemoTokens(t *
 		{"every interface", nil, []string{"--http-addr", ":8080"}, errDevNotLoopback},
 		{"a remote catalog", map[string]string{"DEV_CATALOG_HTTP_ADDR": "0.0.0.0:8081"}, nil, errDevNotLoopback},
 		{"a host name", nil, []string{"--http-addr", "dev.example.internal:8080"}, errDevNotLoopback},
+		{"a remote internal listener", nil, []string{"--admin-addr", ":9080"}, errDevNotLoopback},
 		{"tokens alone do not allow it", map[string]string{"PROMOTION_API_TOKENS": ownTokens, "CATALOG_ADMIN_TOKEN": ownAdmin},
 			[]string{"--http-addr", "0.0.0.0:8080"}, errDevNotLoopback},
 		{"allowed, no tokens", nil, []string{"--http-addr", "0.0.0.0:8080", "--allow-remote"}, errDevDemoTokens},

@@ -55,7 +55,7 @@ func TestDevDemo_EveryCardShowsItsStepsBoostInPostgreSQL(t *testing.T) {
 			db := pgtest.Open(t, dbURL)
 			suffix := kafkatest.RandomSuffix()
 			d, err := parseDev([]string{"--database-url", dbURL, "--kafka-brokers=" + tc.brokers, "--http-addr", freeAddr(t),
-				"--catalog-http-addr", freeAddr(t), "--topic", "pf-demo-" + suffix, "--topic-partitions", "4",
+				"--catalog-http-addr", freeAddr(t), "--admin-addr", freeAddr(t), "--catalog-admin-addr", freeAddr(t), "--topic", "pf-demo-" + suffix, "--topic-partitions", "4",
 				"--log-format", tc.format, "--log-level", "info"})
 			require.NoError(t, err)
 			d.Catalog.Consumer.DLQTopic, d.Catalog.Consumer.ReplayTopic = "pf-demo-dlq-"+suffix, "pf-demo-replay-"+suffix

@@ -38,8 +38,8 @@ func checkDevExposure(allowRemote bool, apiTokens, adminToken string, addrs map[
 	if !allowRemote {
 		return fmt.Errorf("%w (%s): listen on 127.0.0.1, or give --allow-remote ($DEV_ALLOW_REMOTE=true) with $PROMOTION_API_TOKENS and $CATALOG_ADMIN_TOKEN", errDevNotLoopback, where)
 	}
-	tokens, _ := api.ParseTokens(apiTokens) // validated with the promotion's settings
-	_, demoAPIToken := tokens[devAPIToken]
+	tokens, _ := api.ParseTokens(apiTokens, 0) // validated with the promotion's settings
+	demoAPIToken := tokens.Has(devAPIToken)
 	switch {
 	case len(tokens) == 0 || demoAPIToken:
 		return fmt.Errorf("%w (%s): set $PROMOTION_API_TOKENS to tokens other than %q", errDevDemoTokens, where, devAPIToken)

@@ -66,11 +66,11 @@ func TestReadyz_FalseOnAStandby(t *testing.T) {
 	addr := freeAddr(t)
 	p := startCommand(t, envOf("DATABASE_URL="+standbyURL, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","),
 		"MIGRATE_ON_START=false", "HTTP_ADDR="+addr, "PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1",
-		"PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
+		"PROMOTION_API_TOKENS=tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
 	var body string
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var status int
-		status, body = readyzAnswer(addr)
+		status, body = readyzAnswer(internalOf(addr)) // the internal /readyz shows why
 		assert.Equal(c, http.StatusServiceUnavailable, status, "/readyz on a standby: %s", body)
 		assert.Contains(c, body, "standby")
 	}, 60*time.Second, 100*time.Millisecond, "output:\n%s", p)
@@ -81,7 +81,7 @@ func TestReadyz_FalseOnAStandby(t *testing.T) {
 
 	standby.Promote(t)
 	p.waitReady(t, addr)
-	createPurchase(t, addr, "t1", time.Hour)
+	createPurchase(t, addr, "tenant-one-token-01", time.Hour)
 	require.Eventually(t, func() bool {
 		return strings.Contains(p.output(), "the database takes writes again: relay resumes")
 	}, 30*time.Second, 100*time.Millisecond, "the relay says it resumes; output:\n%s", p)
@@ -130,9 +130,9 @@ func TestDSN_MultiHostKeywordFormFollowsThePrimary(t *testing.T) {
 	addr := freeAddr(t)
 	p := startCommand(t, envOf("DATABASE_URL="+dsn, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","),
 		"HTTP_ADDR="+addr, "PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1",
-		"PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
+		"PROMOTION_API_TOKENS=tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
 	p.waitReady(t, addr)
-	before := createPurchase(t, addr, "t1", time.Hour)
+	before := createPurchase(t, addr, "tenant-one-token-01", time.Hour)
 	kafkatest.ReadTopic(t, topic, 30*time.Second, func(got []*sarama.ConsumerMessage) bool { return hasKey(got, before.String()) })
 
 	primary.WaitReplayed(t, standby)
@@ -141,7 +141,7 @@ func TestDSN_MultiHostKeywordFormFollowsThePrimary(t *testing.T) {
 	var after purchaseAnswer
 	require.Eventually(t, func() bool {
 		var err error
-		after, err = postPurchase(addr, "t1", uuid.New(), 5, time.Hour)
+		after, err = postPurchase(addr, "tenant-one-token-01", uuid.New(), 5, time.Hour)
 		return err == nil && after.Status == http.StatusCreated
 	}, 60*time.Second, 100*time.Millisecond, "the API writes on the promoted standby; output:\n%s", p)
 	kafkatest.ReadTopic(t, topic, 60*time.Second, func(got []*sarama.ConsumerMessage) bool { return hasKey(got, after.ID.String()) })

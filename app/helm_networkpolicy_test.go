@@ -96,7 +96,7 @@ func TestHelm_NetworkPolicyLetsInTheAPIsAndOutOnlyToTheStoresDNSAndTraces(t *tes
 		kafka        int
 	}{
 		{name: "default values", postgres: []int{5432}, kafka: 9092},
-		{name: "SASL_SSL and PgBouncer", values: chartSASLValues, ingressFrom: 2, postgres: []int{5432, 6432},
+		{name: "SASL_SSL and PgBouncer", values: chartSASLValues, ingressFrom: 1, postgres: []int{5432, 6432},
 			peers: map[int]int{53: 1, 5432: 1, 6432: 1}, kafka: 9093},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -111,14 +111,18 @@ func TestHelm_NetworkPolicyLetsInTheAPIsAndOutOnlyToTheStoresDNSAndTraces(t *tes
 				require.ElementsMatch(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 					p.Spec.PolicyTypes, "%s: both directions are governed", pod)
 				require.Equal(t, want, egressPorts(p), "%s: egress to DNS, PostgreSQL, Kafka and OTLP only", pod)
-				port := map[string]int{"promotion": 8080, "catalog": 8081}[podLabels["app.kubernetes.io/component"]]
+				component := podLabels["app.kubernetes.io/component"]
+				port := map[string]int{"promotion": 8080, "catalog": 8081}[component]
 				if port == 0 {
 					require.Empty(t, p.Spec.Ingress, "%s: a Job takes no connection", pod)
 					continue
 				}
-				require.Len(t, p.Spec.Ingress, 1, pod)
-				require.Equal(t, []policyPort{{port, corev1.ProtocolTCP}}, portsOf(p.Spec.Ingress[0].Ports), "%s: its API port alone", pod)
+				require.Len(t, p.Spec.Ingress, 2, pod)
+				require.Equal(t, []policyPort{{port, corev1.ProtocolTCP}}, portsOf(p.Spec.Ingress[0].Ports), "%s: its API port", pod)
 				require.Len(t, p.Spec.Ingress[0].From, tc.ingressFrom, "%s: from anywhere, or from networkPolicy.ingressFrom", pod)
+				internal := map[string]int{"promotion": 9080, "catalog": 9081}[component]
+				require.Equal(t, []policyPort{{internal, corev1.ProtocolTCP}}, portsOf(p.Spec.Ingress[1].Ports), "%s: its internal port", pod)
+				require.Len(t, p.Spec.Ingress[1].From, 1, "%s: the internal port from networkPolicy.internalFrom, by default the release's pods, never anywhere", pod)
 			}
 		})
 	}

@@ -212,9 +212,19 @@ func TestHelm_ChartLintsAndRendersOnlyObjectsTheKubernetesAPIAccepts(t *testing.
 					checkRules(t, o)
 				case *monitoringv1.ServiceMonitor:
 					require.Equal(t, "app.kubernetes.io/component", o.Spec.JobLabel, "job=promotion and job=catalog, as the alerts read them")
+					require.Equal(t, "internal", o.Spec.Endpoints[0].Port, "/metrics is on the internal listener only")
+				case *corev1.Service:
+					// The public Service carries the API's port only; /metrics and
+					// /admin are on the -internal one.
+					want := "http"
+					if strings.HasSuffix(o.Name, "-internal") {
+						want = "internal"
+					}
+					require.Len(t, o.Spec.Ports, 1, o.Name)
+					require.Equal(t, want, o.Spec.Ports[0].Name, o.Name)
 				}
 			}
-			want := map[string]int{"Deployment": 2, "Service": 2, "PodDisruptionBudget": 2, "Job": 1, "NetworkPolicy": 3}
+			want := map[string]int{"Deployment": 2, "Service": 4, "PodDisruptionBudget": 2, "Job": 1, "NetworkPolicy": 3}
 			if values != "" {
 				want["Job"], want["ServiceMonitor"], want["PrometheusRule"] = 4, 2, 1
 			}

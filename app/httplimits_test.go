@@ -34,7 +34,7 @@ func startPromotionForLimits(t *testing.T, bin string, env ...string) (*command,
 	addr := freeAddr(t)
 	settings := envOf(append([]string{"DATABASE_URL=" + pgtest.DatabaseURL(t), "KAFKA_BROKERS=" + strings.Join(kafkatest.Brokers(t), ","),
 		"HTTP_ADDR=" + addr, "PROMOTION_TOPIC=pf-limits-" + kafkatest.RandomSuffix(), "MIGRATE_ON_START=true", "LOG_LEVEL=warn",
-		"PROMOTION_API_TOKENS=token-a=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b,token-b=1c9f2a4d-3e5b-4f6a-9b7c-8d9e0f1a2b3c"}, env...)...)
+		"PROMOTION_API_TOKENS=token-a-0123456789=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b,token-b-0123456789=1c9f2a4d-3e5b-4f6a-9b7c-8d9e0f1a2b3c"}, env...)...)
 	var c *command
 	if bin == "" {
 		c = startCommand(t, settings, "promotion")
@@ -165,7 +165,7 @@ func TestHTTP_RateLimitAnswers429(t *testing.T) {
 	var codes []int
 	var limited *http.Response
 	for range 20 {
-		resp := get("token-a")
+		resp := get("token-a-0123456789")
 		codes = append(codes, resp.StatusCode)
 		if resp.StatusCode == http.StatusTooManyRequests && limited == nil {
 			limited = resp
@@ -181,14 +181,14 @@ func TestHTTP_RateLimitAnswers429(t *testing.T) {
 	require.NoError(t, json.NewDecoder(limited.Body).Decode(&problem))
 	require.Equal(t, "rate_limited", problem.Code)
 
-	require.Equal(t, http.StatusOK, get("token-b").StatusCode, "another tenant has a bucket of its own")
+	require.Equal(t, http.StatusOK, get("token-b-0123456789").StatusCode, "another tenant has a bucket of its own")
 	require.Equal(t, http.StatusUnauthorized, get("").StatusCode, "an anonymous caller is refused before any bucket")
-	require.Eventually(t, func() bool { return get("token-a").StatusCode == http.StatusOK }, 5*time.Second, 100*time.Millisecond,
+	require.Eventually(t, func() bool { return get("token-a-0123456789").StatusCode == http.StatusOK }, 5*time.Second, 100*time.Millisecond,
 		"the tenant is served again once its bucket refills")
 
 	mux := http.NewServeMux()
-	(&api.Catalog{DB: pgtest.DB(t), AdminToken: "admin", RateLimit: api.RateLimit{PerSecond: 1, Burst: 3},
-		Log: slog.New(slog.DiscardHandler)}).Register(mux)
+	(&api.Catalog{DB: pgtest.DB(t), FeedToken: "admin", RateLimit: api.RateLimit{PerSecond: 1, Burst: 3},
+		Log: slog.New(slog.DiscardHandler)}).Register(mux, http.NewServeMux())
 	srv := httptest.NewServer(api.JSONErrors(mux))
 	t.Cleanup(srv.Close)
 	codes = nil

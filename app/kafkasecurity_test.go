@@ -89,9 +89,9 @@ func with(env map[string]string, kv ...string) map[string]string {
 }
 
 const (
-	pipelineToken  = "secure-token"
+	pipelineToken  = "secure-tenant-token"
 	pipelineTenant = "6a1f0c52-8d3e-4b7a-9c21-0e5f4d3b2a19"
-	pipelineAdmin  = "secure-admin"
+	pipelineAdmin  = "secure-admin-token"
 )
 
 // pipeline is a promotion and a catalog process on topics of their own.
@@ -127,7 +127,7 @@ func startPipeline(t *testing.T, kafkaEnv map[string]string, catalogKV ...string
 func (p *pipeline) purchaseReachesItsCard(t *testing.T) {
 	t.Helper()
 	project := uuid.New()
-	status, body := call(t, "PUT", "http://"+p.catalogAddr+"/cards/projects/"+project.String(), pipelineAdmin, `{"Title":"Secure"}`)
+	status, body := call(t, "PUT", "http://"+p.catalogAddr+"/cards/projects/"+project.String(), pipelineAdmin, `{"Title":"Secure","Visibility":"Public"}`)
 	require.Equal(t, http.StatusOK, status, body)
 	purchase := fmt.Sprintf(`{"PackageKind":"Top","BoostWeight":7,"EndsAt":%q,"Targets":[{"TargetKind":"Project","TargetId":%q}]}`,
 		time.Now().Add(time.Hour).UTC().Format(time.RFC3339), project)
@@ -303,6 +303,7 @@ func TestKafkaSecurity_SecretsNeverLogged(t *testing.T) {
 	for name, addr := range map[string]string{"promotion": p.promotionAddr, "catalog": p.catalogAddr} {
 		for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
 			_, seen[name+" "+path] = call(t, "GET", "http://"+addr+path, "", "")
+			_, seen[name+" internal "+path] = call(t, "GET", "http://"+internalOf(addr)+path, "", "")
 		}
 	}
 	p.promotion.stop()

@@ -71,13 +71,13 @@ func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T
 	t.Parallel()
 	dbURL := migratedDatabaseURL(t)
 	topic := "pf-test-" + kafkatest.RandomSuffix()
-	addr := freeAddr(t)
+	addr, admin := freeAddr(t), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- runPromotion(ctx, []string{"--database-url", dbURL, "--kafka-brokers", strings.Join(kafkatest.Brokers(t), ","),
-			"--http-addr", addr, "--topic", topic, "--topic-partitions", "2", "--expire-interval", "500ms",
-			"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--log-level", "warn"})
+			"--http-addr", addr, "--admin-addr", admin, "--topic", topic, "--topic-partitions", "2", "--expire-interval", "500ms",
+			"--api-tokens", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--log-level", "warn"})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -96,7 +96,7 @@ func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T
 		"Targets": []map[string]string{{"TargetKind": "Project", "TargetId": "11111111-2222-4333-8444-555555555555"}},
 		"EndsAt":  time.Now().Add(2 * time.Second).UTC().Format(time.RFC3339Nano)})
 	req, _ := http.NewRequest("POST", "http://"+addr+"/promotions", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer t1")
+	req.Header.Set("Authorization", "Bearer tenant-one-token-01")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -114,7 +114,7 @@ func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T
 	}
 	require.Equal(t, []event.Status{event.StatusActive, event.StatusExpired}, statuses)
 
-	metrics, err := http.Get("http://" + addr + "/metrics")
+	metrics, err := http.Get("http://" + admin + "/metrics")
 	require.NoError(t, err)
 	defer metrics.Body.Close()
 	var buf bytes.Buffer

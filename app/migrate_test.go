@@ -37,7 +37,7 @@ func promotionEnv(t *testing.T, url, addr string) map[string]string {
 	topic := "pf-test-" + kafkatest.RandomSuffix()
 	kafkatest.CleanupTopic(t, topic)
 	return envOf("DATABASE_URL="+url, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","), "HTTP_ADDR="+addr,
-		"PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1", "PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
+		"PROMOTION_TOPIC="+topic, "KAFKA_TOPIC_PARTITIONS=1", "PROMOTION_API_TOKENS=tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
 }
 
 // TestMigrate_RefusesASchemaThatNoLongerAllowsIt: a contract migration whose
@@ -62,10 +62,12 @@ func TestMigrate_RefusesASchemaThatNoLongerAllowsIt(t *testing.T) {
 	var reason string
 	require.Eventually(t, func() bool {
 		var status int
-		status, reason = readyzReason(addr)
+		status, reason = readyzReason(internalOf(addr))
 		return status == http.StatusServiceUnavailable
 	}, 3*schemaCheckInterval, 200*time.Millisecond, "/readyz of the running process stays ready on a schema that needs 9.9.9")
-	require.Contains(t, reason, want)
+	require.Contains(t, reason, want, "the internal /readyz names both versions")
+	_, reason = readyzReason(addr)
+	require.Equal(t, "schema", reason, "the public /readyz names the component only")
 }
 
 // TestMigrate_RefusesASchemaOlderThanItNeeds: a schema without this

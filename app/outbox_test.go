@@ -34,12 +34,12 @@ func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
 	env := envOf("DATABASE_URL="+url, "KAFKA_BROKERS="+strings.Join(kafkatest.Brokers(t), ","))
 	addr := freeAddr(t)
 	proc := startCommand(t, with(env, "HTTP_ADDR", addr, "PROMOTION_TOPIC", topic, "KAFKA_TOPIC_PARTITIONS", "1",
-		"EXPIRE_INTERVAL", "200ms", "PROMOTION_API_TOKENS", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
+		"EXPIRE_INTERVAL", "200ms", "PROMOTION_API_TOKENS", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"), "promotion")
 	proc.waitReady(t, addr)
 	db := pgtest.OpenAsIs(t, url)
 	var active []uuid.UUID
 	for range 5 {
-		active = append(active, createPurchase(t, addr, "t1", time.Hour))
+		active = append(active, createPurchase(t, addr, "tenant-one-token-01", time.Hour))
 	}
 
 	// A writer that began before the freeze: drain waits for it, and then
@@ -67,12 +67,12 @@ func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Backlog, "events left in the outbox after drain")
 
-	created, err := postPurchase(addr, "t1", uuid.New(), 5, time.Hour)
+	created, err := postPurchase(addr, "tenant-one-token-01", uuid.New(), 5, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, created.Status, created.Body)
 	require.NotEmpty(t, created.RetryAfter)
 	require.Contains(t, created.Body, `"code":"read_only"`)
-	cancelled := cancelPurchase(t, addr, "t1", active[0])
+	cancelled := cancelPurchase(t, addr, "tenant-one-token-01", active[0])
 	require.Equal(t, http.StatusServiceUnavailable, cancelled.StatusCode)
 	require.NotEmpty(t, cancelled.Header.Get("Retry-After"))
 
@@ -95,8 +95,8 @@ func TestOutbox_DrainFreezesWritesUntilThawed(t *testing.T) {
 	t.Logf("thaw printed:\n%s", out)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "write freeze lifted")
-	createPurchase(t, addr, "t1", time.Hour)
-	require.Equal(t, http.StatusOK, cancelPurchase(t, addr, "t1", active[0]).StatusCode)
+	createPurchase(t, addr, "tenant-one-token-01", time.Hour)
+	require.Equal(t, http.StatusOK, cancelPurchase(t, addr, "tenant-one-token-01", active[0]).StatusCode)
 	require.Eventually(t, func() bool {
 		states := purchasetest.Statuses(t, db)
 		for _, id := range due {

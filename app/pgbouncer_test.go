@@ -32,9 +32,9 @@ type pooled struct {
 }
 
 const (
-	pooledToken  = "t1"
+	pooledToken  = "pooled-tenant-token"
 	pooledTenant = "0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b"
-	pooledAdmin  = "admin-token"
+	pooledAdmin  = "pooled-admin-token"
 )
 
 func setupPooled(t *testing.T) *pooled {
@@ -102,7 +102,7 @@ func TestPgBouncer_PipelineRunsInTransactionPooling(t *testing.T) {
 	waitBoost(t, catalog, "/cards/projects/"+project.String(), 30) // the short one expired
 
 	adminCall(t, "POST", catalog, "/admin/projections/rebuild", "", http.StatusAccepted)
-	adminCall(t, "POST", catalog, "/admin/projections/rebuild", "", http.StatusConflict, http.StatusAccepted)
+	adminCall(t, "POST", catalog, "/admin/projections/rebuild", "", http.StatusConflict, http.StatusAccepted, http.StatusTooManyRequests)
 	require.Eventually(t, func() bool {
 		var st struct{ State string }
 		require.NoError(t, json.Unmarshal([]byte(adminCall(t, "GET", catalog, "/admin/projections/rebuild", "", http.StatusOK)), &st))

@@ -42,9 +42,9 @@ func TestPostgresTLS_VerifyFull(t *testing.T) {
 	addr := freeAddr(t)
 	p := startCommand(t, envOf([]string{"DATABASE_URL=" + dbURL, "KAFKA_BROKERS=" + strings.Join(kafkatest.Brokers(t), ","), "MIGRATE_ON_START=true"}...),
 		"promotion", "--http-addr", addr, "--topic", topic, "--topic-partitions", "1",
-		"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
+		"--api-tokens", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b")
 	p.waitReady(t, addr)
-	createPurchase(t, addr, "t1", time.Hour)
+	createPurchase(t, addr, "tenant-one-token-01", time.Hour)
 
 	db := openTest(t, dbURL)
 	status, err := sqlmigrate.Status(context.Background(), db.DB)

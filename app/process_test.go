@@ -59,6 +59,7 @@ func startCommand(t *testing.T, env map[string]string, args ...string) *command 
 // built by the test) as startCommand does.
 func startProgram(t *testing.T, bin string, env map[string]string, args ...string) *command {
 	t.Helper()
+	env = withInternalListeners(t, env)
 	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !hasAnyPrefix(kv, settingPrefixes) {
@@ -175,6 +176,36 @@ func readyz(addr string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// internalAddrs maps a process's public address (HTTP_ADDR) to its internal
+// one (ADMIN_ADDR), so that a test reads /metrics and calls /admin by the
+// address it started the process on.
+var internalAddrs sync.Map
+
+// withInternalListeners gives the process an internal listener of its own
+// when env names none (ADMIN_ADDR's default is one fixed port per process
+// kind, which tests running at once would share), and records it.
+func withInternalListeners(t *testing.T, env map[string]string) map[string]string {
+	t.Helper()
+	for _, pair := range [][2]string{{"HTTP_ADDR", "ADMIN_ADDR"}, {"DEV_CATALOG_HTTP_ADDR", "DEV_CATALOG_ADMIN_ADDR"}} {
+		if _, ok := env[pair[1]]; !ok {
+			env = with(env, pair[1], freeAddr(t))
+		}
+		if public, ok := env[pair[0]]; ok {
+			internalAddrs.Store(public, env[pair[1]])
+		}
+	}
+	return env
+}
+
+// internalOf is the internal address of the process started on the public
+// address addr (addr itself when the test gave no HTTP_ADDR).
+func internalOf(addr string) string {
+	if internal, ok := internalAddrs.Load(addr); ok {
+		return internal.(string)
+	}
+	return addr
 }
 
 // envOf is the settings map of KEY=VALUE lines.

@@ -25,6 +25,7 @@ type promotionConfig struct {
 	// Topic is the purchase topic: the expirer's and the API's events go there.
 	Topic     string
 	APITokens string
+	apiTokens *secretSetting
 	// RateLimit bounds each tenant's API calls.
 	RateLimit api.RateLimit
 	Expire    expire.Config
@@ -34,9 +35,9 @@ type promotionConfig struct {
 }
 
 func (c *promotionConfig) register(s *settings) {
-	c.commonConfig.register(s, ":8080")
+	c.commonConfig.register(s, ":8080", "127.0.0.1:9080")
 	s.str(&c.Topic, "topic", "PROMOTION_TOPIC", event.Topic, "Kafka topic of purchase-changed events")
-	s.str(&c.APITokens, "api-tokens", "PROMOTION_API_TOKENS", "", "bearer tokens of tenant managers: token=tenant-uuid,...")
+	c.apiTokens = s.secretWithFile(&c.APITokens, "api-tokens", "PROMOTION_API_TOKENS", "bearer tokens of tenant managers: token=tenant-uuid,... (each at least 16 characters)")
 	rateLimitSettings(s, &c.RateLimit, "api", "API", "each tenant (all its tokens)")
 	s.dur(&c.Expire.Interval, "expire-interval", "EXPIRE_INTERVAL", expire.IntervalDefault, "time between expirer cycles (seed range 1m..5m)")
 	s.int(&c.Expire.BatchSize, "expire-batch-size", "EXPIRE_BATCH_SIZE", expire.BatchSizeDefault, "most purchases one expirer transaction takes")
@@ -73,8 +74,8 @@ func (c promotionConfig) validate() error {
 	c.wire()
 	errs := []error{c.commonConfig.validate(), c.HTTPLimits.validate(), c.APIEdge.validate(), validateRateLimit(c.RateLimit, "API"), c.Topics.validate(),
 		c.Expire.Validate(), c.Purchases.Validate()}
-	if _, err := api.ParseTokens(c.APITokens); err != nil {
-		errs = append(errs, err)
+	if _, err := api.ParseTokens(c.APITokens, tokenMinLength(c.dev)); err != nil {
+		errs = append(errs, fmt.Errorf("PROMOTION_API_TOKENS: %w", err))
 	}
 	if len(c.Relay.Kafka.Brokers) > 0 {
 		errs = append(errs, c.Relay.Validate())
@@ -84,7 +85,8 @@ func (c promotionConfig) validate() error {
 
 func runPromotion(ctx context.Context, args []string) error {
 	var cfg promotionConfig
-	if err := parseCommand("promotion", "Runs the promotion context: the purchase API, the expirer and the outbox relay.", args, cfg.register, func() error { return cfg.validate() }); err != nil {
+	if err := parseCommand("promotion", "Runs the promotion context: the purchase API, the expirer and the outbox relay.", args, cfg.register,
+		func() error { return errors.Join(cfg.apiTokens.resolve(), cfg.validate()) }); err != nil {
 		return err
 	}
 	log := cfg.logger("promotion")
@@ -94,7 +96,7 @@ func runPromotion(ctx context.Context, args []string) error {
 
 func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) error {
 	logStart(log)
-	tokens, _ := api.ParseTokens(cfg.APITokens)
+	tokens, _ := api.ParseTokens(cfg.APITokens, tokenMinLength(cfg.dev))
 	if len(tokens) == 0 {
 		log.Warn("no API tokens configured: every purchase API call answers 401")
 	}
@@ -131,20 +133,17 @@ func startPromotion(ctx context.Context, cfg promotionConfig, log *slog.Logger) 
 		return err
 	}
 
-	mux := newMux(reg, primaryReady(db), schemaReady(db, log), routerReady(r.Router.IsRunning))
-	(&api.Promotions{Service: purchases, Tokens: tokens, RateLimit: cfg.RateLimit, Log: log}).Register(mux)
-	return runAll(ctx, log,
-		func(ctx context.Context) error { return r.Run(ctx) },
-		func(ctx context.Context) error {
-			return serveHTTP(ctx, cfg.HTTPAddr, cfg.HTTPLimits, cfg.APIEdge, api.JSONErrors(mux), log)
-		},
-	)
+	checks := []readyCheck{primaryReady(db), schemaReady(db, log), routerReady(r.Router.IsRunning)}
+	public, internal := newPublicMux(checks...), newInternalMux(reg, checks...)
+	(&api.Promotions{Service: purchases, Tokens: tokens, RateLimit: cfg.RateLimit, Log: log}).Register(public)
+	return runAll(ctx, log, append(cfg.listeners(public, internal, log),
+		func(ctx context.Context) error { return r.Run(ctx) })...)
 }
 
 func dbReady(db *sqlx.DB) readyCheck {
 	return func(ctx context.Context) error {
 		if err := db.PingContext(ctx); err != nil {
-			return fmt.Errorf("database: %w", err)
+			return &notReady{Component: "database", Err: err}
 		}
 		return nil
 	}
@@ -162,12 +161,12 @@ func primaryReady(db *sqlx.DB) readyCheck {
 			Scan(&standby, &readOnly)
 		switch {
 		case err != nil:
-			return fmt.Errorf("database: %w", err)
+			return &notReady{Component: "database", Err: err}
 		case standby:
-			return errors.New("database: the server is a standby (in recovery) and takes no writes; " +
-				"list the primary and its standbys with target_session_attrs=read-write (docs/runbooks/postgres-connections.md)")
+			return &notReady{Component: "database", Err: errors.New("the server is a standby (in recovery) and takes no writes; " +
+				"list the primary and its standbys with target_session_attrs=read-write (docs/runbooks/postgres-connections.md)")}
 		case readOnly:
-			return errors.New("database: transaction_read_only is on (default_transaction_read_only): the server takes no writes")
+			return &notReady{Component: "database", Err: errors.New("transaction_read_only is on (default_transaction_read_only): the server takes no writes")}
 		}
 		return nil
 	}
@@ -188,14 +187,14 @@ func brokersReady(brokers []string) readyCheck {
 			}
 			errs = append(errs, err)
 		}
-		return fmt.Errorf("kafka: %w", errors.Join(errs...))
+		return &notReady{Component: "kafka", Err: errors.Join(errs...)}
 	}
 }
 
 func routerReady(running func() bool) readyCheck {
 	return func(context.Context) error {
 		if !running() {
-			return errors.New("router is not running")
+			return &notReady{Component: "router", Err: errors.New("not running")}
 		}
 		return nil
 	}

@@ -70,6 +70,9 @@ func schemaReady(db *sqlx.DB, log *slog.Logger) readyCheck {
 		} else if err == nil && last != nil {
 			log.Info("schema fits this release again", "version", Version)
 		}
+		if err != nil {
+			err = &notReady{Component: "schema", Err: err}
+		}
 		checked, last = time.Now(), err
 		return err
 	}

@@ -23,7 +23,7 @@ var settingsDocCommands = [][]string{
 
 // operatorSetting names the settings an operator sets for a deployment (the
 // rest tune it): where things are, who may call, what is named how.
-var operatorSetting = regexp.MustCompile(`^(DATABASE_|KAFKA_(BROKERS|SASL|TLS)|HTTP_ADDR|DEV_CATALOG_HTTP_ADDR|PROMOTION_API_TOKENS|CATALOG_ADMIN_TOKEN|` +
+var operatorSetting = regexp.MustCompile(`^(DATABASE_|KAFKA_(BROKERS|SASL|TLS)|HTTP_ADDR|ADMIN_ADDR|DEV_CATALOG_HTTP_ADDR|DEV_CATALOG_ADMIN_ADDR|PROMOTION_API_TOKENS|CATALOG_ADMIN_TOKEN|CATALOG_FEED_TOKEN|` +
 	`PROMOTION_TOPIC|CATALOG_.*(TOPIC|GROUP)$|LOG_|OTEL_|RELAY_STANDBY_FLUSH|RELAY_TRANSACTIONAL_ID|PROMOFLOW_DEMO)`)
 
 // helpSetting is one setting as --help prints it.

@@ -94,6 +94,7 @@ func runStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
+	warnDatabaseTLS(common, log)
 	if cfg.Kafka, err = common.Kafka.cluster(); err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ type statusStack struct {
 	topic, dlq string
 }
 
-const statusToken = "status-token"
+const statusToken = "status-tenant-token"
 
 func newStatusStack(t *testing.T) *statusStack {
 	t.Helper()

@@ -31,7 +31,7 @@ func TestTracing_ProcessesExportEachChangeAsOneTraceToACollector(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100"}
 	promotion, catalog := freeAddr(t), freeAddr(t)
 	startCommand(t, envOf(append(common, "HTTP_ADDR="+promotion, "EXPIRE_INTERVAL=1h",
-		"PROMOTION_API_TOKENS=t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "API_TRACE_PARENT_TRUSTED=true")...), "promotion").waitReady(t, promotion)
+		"PROMOTION_API_TOKENS=tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "API_TRACE_PARENT_TRUSTED=true")...), "promotion").waitReady(t, promotion)
 	startCommand(t, envOf(append(common, "HTTP_ADDR="+catalog, "CATALOG_ADMIN_TOKEN="+pooledAdmin,
 		"CATALOG_REPLAY_TOPIC="+topic+"-replay", "CATALOG_DLQ_TOPIC="+topic+"-dlq", "CATALOG_CONSUMER_GROUP=pf-test-"+suffix)...),
 		"catalog").waitReady(t, catalog)

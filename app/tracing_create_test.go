@@ -47,7 +47,7 @@ func TestTracing_CreateToCardIsOneTrace(t *testing.T) {
 	promotion, catalog := freeAddr(t), freeAddr(t)
 	runInProcess(t, runPromotion, "--database-url", dbURL, "--kafka-brokers", brokers, "--http-addr", promotion,
 		"--topic", topic, "--topic-partitions", "2", "--expire-interval", "1h", "--log-level", "warn",
-		"--api-tokens", "t1=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--api-trace-parent-trusted")
+		"--api-tokens", "tenant-one-token-01=0b8e1f3c-2d4a-4e5f-8a6b-7c8d9e0f1a2b", "--api-trace-parent-trusted")
 	waitHTTPReady(t, promotion)
 	runInProcess(t, runCatalog, "--database-url", dbURL, "--kafka-brokers", brokers, "--http-addr", catalog,
 		"--topic", topic, "--replay-topic", topic+"-replay", "--dlq-topic", topic+"-dlq", "--topic-partitions", "2",
@@ -96,7 +96,7 @@ func newPurchaseRequest(t *testing.T, addr string, project uuid.UUID, lasts time
 		"EndsAt":  time.Now().Add(lasts).UTC().Format(time.RFC3339Nano)})
 	req, err := http.NewRequest("POST", "http://"+addr+"/promotions", bytes.NewReader(body))
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer t1")
+	req.Header.Set("Authorization", "Bearer tenant-one-token-01")
 	return req
 }
 

@@ -225,10 +225,11 @@ func produceAll(b *testing.B, cb *consumerBench, topic string) {
 
 // catalogProcess is a running `promoflow catalog`.
 type catalogProcess struct {
-	cmd  *exec.Cmd
-	addr string
-	log  string
-	done chan struct{}
+	cmd   *exec.Cmd
+	addr  string
+	admin string // the internal listener: /metrics
+	log   string
+	done  chan struct{}
 }
 
 // startCatalogProcess starts bin as the catalog of bundle c on topic, with
@@ -239,8 +240,12 @@ func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic 
 	require.NoError(b, err)
 	addr := ln.Addr().String()
 	require.NoError(b, ln.Close())
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	admin := ln.Addr().String()
+	require.NoError(b, ln.Close())
 
-	p := &catalogProcess{cmd: exec.Command(bin, "catalog"), addr: addr, log: filepath.Join(b.TempDir(), "catalog.log"),
+	p := &catalogProcess{cmd: exec.Command(bin, "catalog"), addr: addr, admin: admin, log: filepath.Join(b.TempDir(), "catalog.log"),
 		done: make(chan struct{})}
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for _, kv := range os.Environ() {
@@ -251,7 +256,7 @@ func startCatalogProcess(b *testing.B, bin string, c *catalogtest.Bundle, topic 
 	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Env = append(p.cmd.Env, "DATABASE_URL="+c.URL, "KAFKA_BROKERS="+strings.Join(c.Cfg.Kafka.Brokers, ","),
 		"KAFKA_CREATE_TOPICS=false", "PROMOTION_TOPIC="+topic, "CATALOG_REPLAY_TOPIC="+c.Cfg.ReplayTopic,
-		"CATALOG_DLQ_TOPIC="+c.Cfg.DLQTopic, "CATALOG_CONSUMER_GROUP="+c.Cfg.ConsumerGroup, "HTTP_ADDR="+addr)
+		"CATALOG_DLQ_TOPIC="+c.Cfg.DLQTopic, "CATALOG_CONSUMER_GROUP="+c.Cfg.ConsumerGroup, "HTTP_ADDR="+addr, "ADMIN_ADDR="+p.admin)
 	out, err := os.Create(p.log)
 	require.NoError(b, err)
 	p.cmd.Stdout, p.cmd.Stderr = out, out
@@ -274,7 +279,7 @@ func (p *catalogProcess) consumed(b *testing.B) int {
 // prefix (0 until it answers).
 func (p *catalogProcess) metric(b *testing.B, prefix string) float64 {
 	p.alive(b)
-	resp, err := http.Get("http://" + p.addr + "/metrics")
+	resp, err := http.Get("http://" + p.admin + "/metrics")
 	if err != nil {
 		return 0
 	}

@@ -113,6 +113,7 @@ FUZZ_DATABASE_URL=$($PY -c 'import sys, urllib.parse as u; p = u.urlsplit(sys.ar
 TENANT_TOKEN=$($PY -c 'import secrets; print(secrets.token_urlsafe(24))')
 TENANT=$($PY -c 'import uuid; print(uuid.uuid4())')
 ADMIN_TOKEN=$($PY -c 'import secrets; print(secrets.token_urlsafe(24))')
+FEED_TOKEN=$($PY -c 'import secrets; print(secrets.token_urlsafe(24))')
 
 # start NAME COMMAND ENV...: starts promoflow COMMAND with ENV on a port the
 # kernel picks, and sets ADDR to where it listens once /readyz answers 200.
@@ -120,7 +121,7 @@ start() {
 	local name=$1 command=$2 out=$LOG_DIR/$1.log
 	shift 2
 	: >"$out" # there before the process is, for the loop below to read
-	env DATABASE_URL="$FUZZ_DATABASE_URL" KAFKA_BROKERS="$KAFKA_BROKERS" HTTP_ADDR=127.0.0.1:0 \
+	env DATABASE_URL="$FUZZ_DATABASE_URL" KAFKA_BROKERS="$KAFKA_BROKERS" HTTP_ADDR=127.0.0.1:0 ADMIN_ADDR=127.0.0.1:0 \
 		PROMOTION_TOPIC="apifuzz.$RUN.purchase-changed" KAFKA_TOPIC_PARTITIONS=1 "$@" \
 		"$LOG_DIR/promoflow" "$command" >"$out" 2>&1 &
 	PIDS+=($!)
@@ -128,7 +129,8 @@ start() {
 	local i
 	for ((i = 0; i < 600; i++)); do
 		kill -0 "${PIDS[-1]}" 2>/dev/null || { tail -n 20 "$out" >&2; die "$name exited at start"; }
-		ADDR=${ADDR:-$(sed -n 's/.*"msg":"http listening".*"addr":"\([^"]*\)".*/\1/p' "$out" | head -n 1)}
+		# The public listener: the documents describe it (/admin and /metrics are on the internal one).
+		ADDR=${ADDR:-$(sed -n 's/.*"msg":"http listening".*"listener":"public","addr":"\([^"]*\)".*/\1/p' "$out" | head -n 1)}
 		if [[ -n $ADDR ]] && $PY -c 'import sys, urllib.request as r; sys.exit(r.urlopen(sys.argv[1], timeout=2).status != 200)' \
 			"http://$ADDR/readyz" 2>/dev/null; then
 			log "$name ready on $ADDR (log: $out)"
@@ -145,7 +147,7 @@ DATABASE_URL="$FUZZ_DATABASE_URL" "$LOG_DIR/promoflow" migrate up >"$LOG_DIR/mig
 	{ tail -n 20 "$LOG_DIR/migrate.log" >&2; die "promoflow migrate up failed"; }
 start promotion promotion PROMOTION_API_TOKENS="$TENANT_TOKEN=$TENANT"
 PROMOTION_ADDR=$ADDR
-start catalog catalog CATALOG_ADMIN_TOKEN="$ADMIN_TOKEN" CATALOG_CONSUMER_GROUP="apifuzz.$RUN" \
+start catalog catalog CATALOG_ADMIN_TOKEN="$ADMIN_TOKEN" CATALOG_FEED_TOKEN="$FEED_TOKEN" CATALOG_CONSUMER_GROUP="apifuzz.$RUN" \
 	CATALOG_DLQ_TOPIC="apifuzz.$RUN.dlq" CATALOG_REPLAY_TOPIC="apifuzz.$RUN.replay"
 CATALOG_ADDR=$ADDR
 
@@ -178,7 +180,7 @@ fuzz() {
 
 rc=0
 fuzz promotion "$PROMOTION_ADDR" "$TENANT_TOKEN" || rc=1
-fuzz catalog "$CATALOG_ADDR" "$ADMIN_TOKEN" || rc=1
+fuzz catalog "$CATALOG_ADDR" "$FEED_TOKEN" || rc=1
 # A 5xx leaves its cause in the process log, which the report cannot show.
 if grep -h '"level":"ERROR"' "$LOG_DIR"/promotion.log "$LOG_DIR"/catalog.log | grep -F 'api failed' >&2; then
 	log "the processes logged failed requests (above; logs in $LOG_DIR)"

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -11,47 +12,105 @@ import (
 	"github.com/google/uuid"
 )
 
-// Tokens maps bearer tokens to the tenant whose manager holds them.
-type Tokens map[string]uuid.UUID
+// MinTokenLength is the fewest characters a bearer token may have outside
+// dev: 16 random characters are out of reach of guessing through the API's
+// rate limits.
+const MinTokenLength = 16
 
-// ParseTokens reads "token=tenant-uuid,token2=tenant-uuid".
-func ParseTokens(s string) (Tokens, error) {
-	out := Tokens{}
-	for _, pair := range strings.Split(s, ",") {
+// ErrShortToken is a token shorter than MinTokenLength.
+var ErrShortToken = fmt.Errorf("a token has fewer than %d characters; make one with: openssl rand -hex 16", MinTokenLength)
+
+// digest is a token's SHA-256. Tokens are kept and compared as digests: the
+// comparison is constant-time over equal lengths whatever the token's
+// length, and a heap dump holds no usable token.
+type digest [sha256.Size]byte
+
+func digestOf(token string) digest { return sha256.Sum256([]byte(token)) }
+
+// matches reports whether token's digest is d, in constant time. The zero
+// digest (no token configured) matches nothing.
+func (d digest) matches(token string) bool {
+	if d == (digest{}) {
+		return false
+	}
+	got := digestOf(token)
+	return subtle.ConstantTimeCompare(d[:], got[:]) == 1
+}
+
+// bearer is the request's bearer token, "" when it has none.
+func bearer(r *http.Request) string {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return ""
+	}
+	return token
+}
+
+// Tokens maps the digests of bearer tokens to the tenant whose manager holds them.
+type Tokens map[digest]uuid.UUID
+
+// NewTokens is the Tokens of raw token → tenant pairs.
+func NewTokens(raw map[string]uuid.UUID) Tokens {
+	out := make(Tokens, len(raw))
+	for token, tenant := range raw {
+		out[digestOf(token)] = tenant
+	}
+	return out
+}
+
+// ParseTokens reads "token=tenant-uuid,token2=tenant-uuid". With minLength
+// above 0 a shorter token is ErrShortToken. Errors name a pair by its
+// position, never by any part of its token.
+func ParseTokens(s string, minLength int) (Tokens, error) {
+	raw := map[string]uuid.UUID{}
+	var errs []error
+	for i, pair := range strings.Split(s, ",") {
 		pair = strings.TrimSpace(pair)
 		if pair == "" {
 			continue
 		}
 		token, tenant, ok := strings.Cut(pair, "=")
-		if !ok || strings.TrimSpace(token) == "" {
-			return nil, fmt.Errorf("api token %q: want token=tenant-uuid", redact(pair))
+		token = strings.TrimSpace(token)
+		if !ok || token == "" {
+			errs = append(errs, fmt.Errorf("token %d: want token=tenant-uuid", i+1))
+			continue
 		}
 		id, err := uuid.Parse(strings.TrimSpace(tenant))
 		if err != nil || id == uuid.Nil {
-			return nil, fmt.Errorf("api token %s: tenant %q is not a UUID", redact(token), tenant)
+			errs = append(errs, fmt.Errorf("token %d: tenant %q is not a UUID", i+1, tenant))
+			continue
 		}
-		out[strings.TrimSpace(token)] = id
+		if len(token) < minLength {
+			errs = append(errs, fmt.Errorf("token %d: %w", i+1, ErrShortToken))
+			continue
+		}
+		raw[token] = id
 	}
-	return out, nil
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return NewTokens(raw), nil
 }
 
-func redact(s string) string {
-	if len(s) <= 4 {
-		return "****"
-	}
-	return s[:4] + "****"
+// Has reports whether token is one of t.
+func (t Tokens) Has(token string) bool {
+	_, ok := t[digestOf(token)]
+	return ok
 }
 
 var errUnauthorized = errors.New("unauthorized")
 
 // tenant resolves the caller's tenant from its bearer token.
 func (t Tokens) tenant(r *http.Request) (uuid.UUID, error) {
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
+	token := bearer(r)
+	if token == "" {
 		return uuid.Nil, errUnauthorized
 	}
+	// One lookup by digest: which tokens exist does not show in the time
+	// the comparison takes.
+	got := digestOf(token)
 	for known, tenant := range t {
-		if subtle.ConstantTimeCompare([]byte(known), []byte(token)) == 1 {
+		if subtle.ConstantTimeCompare(known[:], got[:]) == 1 {
 			return tenant, nil
 		}
 	}

@@ -2,12 +2,12 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,44 +23,66 @@ import (
 // card reads and the projection rebuild.
 type Catalog struct {
 	DB *sqlx.DB
-	// AdminToken guards the feed and the rebuild. Empty refuses them all.
+	// FeedToken guards the card feed's writes, and lets card reads see every
+	// card. Empty refuses the writes.
+	FeedToken string
+	// AdminToken guards the rebuild, and lets card reads see every card.
+	// Empty refuses the rebuild.
 	AdminToken string
 	// Rebuilder runs the projection rebuild; the process stops it at exit.
 	Rebuilder *rebuild.Rebuilder
-	// RateLimit bounds the admin token's calls (429 beyond it).
+	// RateLimit bounds the feed's and the admin token's calls (429 beyond it).
 	RateLimit RateLimit
 	Log       *slog.Logger
 
-	adminLimit *limiters
+	feed, admin digest
+	limit       *limiters
 }
 
-// Register mounts the routes on mux, and the API's OpenAPI document at GET /openapi.json.
-func (h *Catalog) Register(mux *http.ServeMux) {
-	serveDocument(mux, catalogDocument)
-	h.adminLimit = newLimiters(h.RateLimit)
-	mux.HandleFunc("PUT /cards/projects/{id}", h.admin(h.putProject))
-	mux.HandleFunc("PUT /cards/property-objects/{id}", h.admin(h.putObject))
-	mux.HandleFunc("GET /cards/projects/{id}", read(h, boost.GetProjectCard, projectView))
-	mux.HandleFunc("GET /cards/projects/{id}/property-objects", h.listObjects)
-	mux.HandleFunc("GET /cards/property-objects/{id}", read(h, boost.GetPropertyObjectCard, objectView))
-	mux.HandleFunc("POST /admin/projections/rebuild", h.admin(h.startRebuild))
-	mux.HandleFunc("GET /admin/projections/rebuild", h.admin(h.rebuildStatus))
+// Register mounts the card feed and the card reads, and the API's OpenAPI
+// document at GET /openapi.json, on public, and the projection rebuild on
+// internal: the feed's caller (the chessboard service) reaches the public
+// listener, the rebuild is for operators only.
+func (h *Catalog) Register(public, internal *http.ServeMux) {
+	serveDocument(public, catalogDocument)
+	h.limit = newLimiters(h.RateLimit)
+	if h.FeedToken != "" {
+		h.feed = digestOf(h.FeedToken)
+	}
+	if h.AdminToken != "" {
+		h.admin = digestOf(h.AdminToken)
+	}
+	public.HandleFunc("PUT /cards/projects/{id}", h.guard("feed", h.feed, h.putProject))
+	public.HandleFunc("PUT /cards/property-objects/{id}", h.guard("feed", h.feed, h.putObject))
+	public.HandleFunc("GET /cards/projects/{id}", read(h, boost.GetProjectCard, boost.GetPublicProjectCard, projectView))
+	public.HandleFunc("GET /cards/projects/{id}/property-objects", h.listObjects)
+	public.HandleFunc("GET /cards/property-objects/{id}", read(h, boost.GetPropertyObjectCard, boost.GetPublicPropertyObjectCard, objectView))
+	internal.HandleFunc("POST /admin/projections/rebuild", h.guard("admin", h.admin, h.startRebuild))
+	internal.HandleFunc("GET /admin/projections/rebuild", h.guard("admin", h.admin, h.rebuildStatus))
 }
 
-func (h *Catalog) admin(next http.HandlerFunc) http.HandlerFunc {
+// guard answers 401 unless the request carries the token of digest want, and
+// 429 beyond the rate limit of who.
+func (h *Catalog) guard(who string, want digest, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || h.AdminToken == "" || subtle.ConstantTimeCompare([]byte(token), []byte(h.AdminToken)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="promoflow-admin"`)
-			writeError(w, http.StatusUnauthorized, "unauthorized", "the admin bearer token is required")
+		if !want.matches(bearer(r)) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="promoflow-`+who+`"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "the "+who+" bearer token is required")
 			return
 		}
-		if ok, wait := h.adminLimit.allow("admin"); !ok {
+		if ok, wait := h.limit.allow(who); !ok {
 			writeTooMany(w, wait)
 			return
 		}
 		next(w, r)
 	}
+}
+
+// seesEverything reports whether the caller holds the feed's or the admin
+// token: an anonymous reader sees public cards only.
+func (h *Catalog) seesEverything(r *http.Request) bool {
+	token := bearer(r)
+	return token != "" && (h.feed.matches(token) || h.admin.matches(token))
 }
 
 // ProjectCard is the JSON form of a project card.
@@ -125,14 +147,19 @@ func (h *Catalog) write(w http.ResponseWriter, r *http.Request, fn func(context.
 	writeJSON(w, http.StatusOK, out)
 }
 
-// read answers one card, read by get and shown by view.
-func read[C, V any](h *Catalog, get func(context.Context, sqlx.QueryerContext, uuid.UUID) (C, error), view func(C) V) http.HandlerFunc {
+// read answers one card, read by get for the feed's and the operator's
+// credentials and by getPublic for anyone else, and shown by view.
+func read[C, V any](h *Catalog, get, getPublic func(context.Context, sqlx.QueryerContext, uuid.UUID) (C, error), view func(C) V) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pathID(w, r)
 		if !ok {
 			return
 		}
-		c, err := get(r.Context(), h.DB, id)
+		load := get
+		if !h.seesEverything(r) {
+			load = getPublic
+		}
+		c, err := load(r.Context(), h.DB, id)
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -146,7 +173,11 @@ func (h *Catalog) listObjects(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	cs, err := boost.ListPropertyObjectCards(r.Context(), h.DB, id)
+	list := boost.ListPropertyObjectCards
+	if !h.seesEverything(r) {
+		list = boost.ListPublicPropertyObjectCards
+	}
+	cs, err := list(r.Context(), h.DB, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -161,7 +192,12 @@ func (h *Catalog) listObjects(w http.ResponseWriter, r *http.Request) {
 func (h *Catalog) startRebuild(w http.ResponseWriter, r *http.Request) {
 	st, err := h.Rebuilder.Start(r.Context())
 	var incomplete *rebuild.IncompleteError
+	var cooldown *rebuild.CooldownError
 	switch {
+	case errors.As(err, &cooldown):
+		secs := strconv.Itoa(max(1, int(math.Ceil(cooldown.RetryAfter.Seconds()))))
+		w.Header().Set("Retry-After", secs)
+		writeError(w, http.StatusTooManyRequests, "rebuild_cooldown", err.Error())
 	case errors.Is(err, rebuild.ErrRunning):
 		writeError(w, http.StatusConflict, "rebuild_running", err.Error())
 	case errors.As(err, &incomplete), errors.Is(err, bounded.ErrNoTopic):

@@ -3,6 +3,8 @@ package api_test
 import (
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,25 +29,27 @@ func setupCatalogAPI(t *testing.T) apiBundle {
 func newCatalogAPI(t *testing.T) apiBundle {
 	t.Helper()
 	db := pgtest.DB(t)
-	mux := http.NewServeMux()
+	public, internal := http.NewServeMux(), http.NewServeMux()
 	log := slog.New(slog.DiscardHandler)
-	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: kafkatest.Cluster(t), Topic: kafkatest.Topic(t, 1), Log: log})
+	rb, err := rebuild.New(rebuild.Config{DB: db, Kafka: kafkatest.Cluster(t), Topic: kafkatest.Topic(t, 1), Log: log, Cooldown: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(rb.Stop)
-	(&api.Catalog{DB: db, AdminToken: "admin", Rebuilder: rb, Log: log}).Register(mux)
-	return apiBundle{db: db, srv: validatedServer(t, catalogDocument, mux)}
+	(&api.Catalog{DB: db, FeedToken: "feed", AdminToken: "admin", Rebuilder: rb, Log: log}).Register(public, internal)
+	srv := httptest.NewServer(internal)
+	t.Cleanup(srv.Close)
+	return apiBundle{db: db, srv: validatedServer(t, catalogDocument, public), internal: srv}
 }
 
 func TestCatalogAPI_FeedUpsertsCardsAndReadsShowTheBoost(t *testing.T) {
 	b := setupCatalogAPI(t)
 	project, object := uuid.NewString(), uuid.NewString()
-	r := b.do(t, "PUT", "/cards/projects/"+project, "admin", map[string]any{"Title": "Tower", "Status": "Published",
-		"Visibility": "Visible", "MinPrice": 1500000.5, "PropertyObjectsAvailable": 12})
+	r := b.do(t, "PUT", "/cards/projects/"+project, "feed", map[string]any{"Title": "Tower", "Status": "Published",
+		"Visibility": "Public", "MinPrice": 1500000.5, "PropertyObjectsAvailable": 12})
 	require.Equal(t, http.StatusOK, r.Status, r.Body)
 	require.EqualValues(t, 0, r.Body["PromotionBoost"])
 	require.EqualValues(t, 1500000.5, r.Body["MinPrice"])
 
-	r = b.do(t, "PUT", "/cards/property-objects/"+object, "admin", map[string]any{"ProjectId": project, "Published": true})
+	r = b.do(t, "PUT", "/cards/property-objects/"+object, "feed", map[string]any{"ProjectId": project, "Published": true})
 	require.Equal(t, http.StatusOK, r.Status, r.Body)
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/cards/projects/"+project, "", nil).Status)
 	require.Len(t, b.do(t, "GET", "/cards/projects/"+project+"/property-objects", "", nil).Body["items"], 1)
@@ -58,9 +62,9 @@ func TestCatalogAPI_FeedRejectsBadInputAndStrangers(t *testing.T) {
 	id := uuid.NewString()
 	require.Equal(t, http.StatusUnauthorized, b.do(t, "PUT", "/cards/projects/"+id, "", map[string]any{}).Status)
 	require.Equal(t, http.StatusUnauthorized, b.do(t, "PUT", "/cards/projects/"+id, "wrong", map[string]any{}).Status)
-	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/not-a-uuid", "admin", map[string]any{}).Status)
-	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/"+id, "admin", map[string]any{"PromotionBost": 5}).Status)
-	require.Equal(t, http.StatusUnprocessableEntity, b.do(t, "PUT", "/cards/property-objects/"+id, "admin",
+	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/not-a-uuid", "feed", map[string]any{}).Status)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "PUT", "/cards/projects/"+id, "feed", map[string]any{"PromotionBost": 5}).Status)
+	require.Equal(t, http.StatusUnprocessableEntity, b.do(t, "PUT", "/cards/property-objects/"+id, "feed",
 		map[string]any{"Published": true}).Status, "a property object needs its project")
 	for name, tc := range map[string]struct {
 		path, body string
@@ -82,7 +86,7 @@ func TestCatalogAPI_FeedRejectsBadInputAndStrangers(t *testing.T) {
 		"fractional count":       {"projects", `{"PropertyObjectsAvailable":1.5}`, 400, "malformed_json"},
 		"nil project":            {"property-objects", `{"ProjectId":"00000000-0000-0000-0000-000000000000"}`, 422, "validation_failed"},
 	} {
-		r := b.do(t, "PUT", "/cards/"+tc.path+"/"+id, "admin", tc.body)
+		r := b.do(t, "PUT", "/cards/"+tc.path+"/"+id, "feed", tc.body)
 		require.Equal(t, tc.status, r.Status, "%s: %v", name, r.Body)
 		require.Equal(t, tc.code, r.Body["code"], name)
 	}
@@ -102,7 +106,7 @@ func TestCatalogAPI_FeedAcceptsEveryFormTheDocumentAllows(t *testing.T) {
 		`{"PropertyObjectsAvailable":2147483647,"Payback":1e-999,"Title":null,"Status":null}`,
 		`{"PropertyObjectsAvailable":12.0,"MinPrice":"-0.50","Title":"Tower","Visibility":"Visible"}`,
 	} {
-		r := b.do(t, "PUT", "/cards/projects/"+project, "admin", body)
+		r := b.do(t, "PUT", "/cards/projects/"+project, "feed", body)
 		require.Equal(t, http.StatusOK, r.Status, "%s: %v", body, r.Body)
 	}
 	var card struct {
@@ -113,10 +117,10 @@ func TestCatalogAPI_FeedAcceptsEveryFormTheDocumentAllows(t *testing.T) {
 	require.Equal(t, 12, card.Available)
 	require.Equal(t, "-0.50", card.MinPrice)
 
-	read := b.do(t, "GET", "/cards/projects/"+project, "", nil)
+	read := b.do(t, "GET", "/cards/projects/"+project, "feed", nil)
 	read.Body["Title"] = "Tower 2"
-	require.Equal(t, http.StatusOK, b.do(t, "PUT", "/cards/projects/"+project, "admin", read.Body).Status, "a card read goes back as it is")
-	require.Equal(t, http.StatusOK, b.do(t, "PUT", "/cards/property-objects/"+uuid.NewString(), "admin",
+	require.Equal(t, http.StatusOK, b.do(t, "PUT", "/cards/projects/"+project, "feed", read.Body).Status, "a card read goes back as it is")
+	require.Equal(t, http.StatusOK, b.do(t, "PUT", "/cards/property-objects/"+uuid.NewString(), "feed",
 		`{"ProjectId":"`+strings.ToUpper(project)+`","Price":2400000,"UpdatedAt":"yesterday"}`).Status)
 }
 
@@ -137,4 +141,64 @@ func TestCatalogAPI_RebuildIsAdminOnlyAndReportsItsState(t *testing.T) {
 		"contributions", "catchUps", "cardsChanged"} {
 		require.Contains(t, done, field, "the status reports progress")
 	}
+
+	again := b.do(t, "POST", "/admin/projections/rebuild", "admin", nil)
+	require.Equal(t, http.StatusTooManyRequests, again.Status, "within the cooldown after the last start: %v", again.Body)
+	require.Equal(t, "rebuild_cooldown", again.Body["code"])
+	retry, err := strconv.Atoi(again.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.Greater(t, retry, 3500, "Retry-After is when the hour's cooldown ends")
+	require.Equal(t, r.Body["id"], b.do(t, "GET", "/admin/projections/rebuild", "admin", nil).Body["id"], "no rebuild was recorded")
+}
+
+// TestCards_AnonymousReadersSeeOnlyPublicCards: a reader with no token sees
+// a project of Visibility Public and its published objects only; a private
+// project, an unpublished object, or an object of a private project answers
+// 404 as an absent card does (and a private project's list is empty). The
+// feed's and the admin token see every card.
+func TestCards_AnonymousReadersSeeOnlyPublicCards(t *testing.T) {
+	b := setupCatalogAPI(t)
+	public, private := uuid.NewString(), uuid.NewString()
+	shown, hidden, ofPrivate := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	put := func(path string, body map[string]any) {
+		t.Helper()
+		r := b.do(t, "PUT", path, "feed", body)
+		require.Equal(t, http.StatusOK, r.Status, r.Body)
+	}
+	put("/cards/projects/"+public, map[string]any{"Title": "Open", "Visibility": "Public", "MinPrice": 100})
+	put("/cards/projects/"+private, map[string]any{"Title": "Closed", "Visibility": "Private", "MinPrice": 200})
+	put("/cards/property-objects/"+shown, map[string]any{"ProjectId": public, "Published": true, "Price": 100})
+	put("/cards/property-objects/"+hidden, map[string]any{"ProjectId": public, "Published": false, "Price": 150})
+	put("/cards/property-objects/"+ofPrivate, map[string]any{"ProjectId": private, "Published": true, "Price": 200})
+
+	for _, tc := range []struct {
+		path   string
+		status int
+	}{
+		{"/cards/projects/" + public, http.StatusOK},
+		{"/cards/property-objects/" + shown, http.StatusOK},
+		{"/cards/projects/" + private, http.StatusNotFound},
+		{"/cards/property-objects/" + hidden, http.StatusNotFound},
+		{"/cards/property-objects/" + ofPrivate, http.StatusNotFound},
+	} {
+		r := b.do(t, "GET", tc.path, "", nil)
+		require.Equal(t, tc.status, r.Status, "anonymous GET %s: %v", tc.path, r.Body)
+		if tc.status == http.StatusNotFound {
+			require.Equal(t, "not_found", r.Body["code"], "answered as an absent card: %s", tc.path)
+		}
+		for _, token := range []string{"feed", "admin"} {
+			require.Equal(t, http.StatusOK, b.do(t, "GET", tc.path, token, nil).Status, "%s token GET %s", token, tc.path)
+		}
+	}
+	items := func(project, token string) []any {
+		t.Helper()
+		r := b.do(t, "GET", "/cards/projects/"+project+"/property-objects", token, nil)
+		require.Equal(t, http.StatusOK, r.Status, r.Body)
+		return r.Body["items"].([]any)
+	}
+	require.Len(t, items(public, ""), 1, "anonymous: the public project's published object only")
+	require.Equal(t, shown, items(public, "")[0].(map[string]any)["Id"])
+	require.Empty(t, items(private, ""), "anonymous: a private project lists nothing, as an absent one")
+	require.Len(t, items(public, "feed"), 2, "the feed's token lists every object")
+	require.Len(t, items(private, "admin"), 1, "the admin token lists every object")
 }

@@ -33,6 +33,8 @@ var (
 type apiBundle struct {
 	db  *sqlx.DB
 	srv *httptest.Server
+	// internal serves /admin (the internal listener), when the API has any.
+	internal *httptest.Server
 }
 
 func setup(t *testing.T) apiBundle {
@@ -67,7 +69,11 @@ func (b apiBundle) do(t *testing.T, method, path, token string, body any, header
 		require.NoError(t, err)
 		rd = bytes.NewReader(raw)
 	}
-	req, err := http.NewRequest(method, b.srv.URL+path, rd)
+	base := b.srv.URL
+	if b.internal != nil && strings.HasPrefix(path, "/admin/") {
+		base = b.internal.URL
+	}
+	req, err := http.NewRequest(method, base+path, rd)
 	require.NoError(t, err)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")

@@ -38,7 +38,7 @@ func TestAPI_ReadOnlyDatabaseAnswers503(t *testing.T) {
 
 		// The catalog's card feed answers the same way.
 		mux := http.NewServeMux()
-		(&api.Catalog{DB: standbyDB, AdminToken: "admin", Log: slog.New(slog.DiscardHandler)}).Register(mux)
+		(&api.Catalog{DB: standbyDB, FeedToken: "admin", Log: slog.New(slog.DiscardHandler)}).Register(mux, http.NewServeMux())
 		catalog := apiBundle{db: standbyDB, srv: validatedServer(t, catalogDocument, mux)}
 		r := catalog.do(t, "PUT", "/cards/projects/"+uuid.NewString(), "admin", map[string]any{"Title": "Tower"})
 		require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Body)
@@ -93,7 +93,7 @@ func newPromotionAPIOn(t *testing.T, db *sqlx.DB) apiBundle {
 	mux := http.NewServeMux()
 	(&api.Promotions{
 		Service: purchasetest.NewService(t, db, ""),
-		Tokens:  api.Tokens{"token-a": tenantA, "token-b": tenantB},
+		Tokens:  api.NewTokens(map[string]uuid.UUID{"token-a": tenantA, "token-b": tenantB}),
 		Log:     slog.New(slog.DiscardHandler),
 	}).Register(mux)
 	return apiBundle{db: db, srv: validatedServer(t, promotionDocument, mux)}

@@ -22,7 +22,8 @@ import (
 type client struct {
 	http                     *http.Client
 	promotionURL, catalogURL string
-	apiToken, adminToken     string
+	catalogInternalURL       string
+	apiToken, feedToken      string
 }
 
 // do sends body (JSON, or none) and decodes a 2xx answer into out (when not
@@ -69,10 +70,10 @@ func (c client) do(ctx context.Context, method, url, token string, body, out any
 // putCard sends c to the card feed.
 func (c client) putCard(ctx context.Context, cd card) error {
 	if cd.IsProject() {
-		return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/projects/"+cd.ID.String(), c.adminToken,
+		return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/projects/"+cd.ID.String(), c.feedToken,
 			map[string]any{"Title": cd.Title, "Status": "Selling", "Visibility": "Public"}, nil)
 	}
-	return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/property-objects/"+cd.ID.String(), c.adminToken,
+	return c.do(ctx, http.MethodPut, c.catalogURL+"/cards/property-objects/"+cd.ID.String(), c.feedToken,
 		map[string]any{"ProjectId": cd.Project, "Published": cd.Published, "Status": "Available", "Price": "125000"}, nil)
 }
 
@@ -83,7 +84,8 @@ type cardBoost struct {
 }
 
 // readBoosts reads every demo card's PromotionBoost through the catalog's
-// reads: each project card and its project's objects.
+// reads with the feed's token, which sees unpublished objects too: each
+// project card and its project's objects.
 func (c client) readBoosts(ctx context.Context, cards []card) (map[uuid.UUID]int, error) {
 	out := map[uuid.UUID]int{}
 	for _, cd := range cards {
@@ -91,12 +93,12 @@ func (c client) readBoosts(ctx context.Context, cards []card) (map[uuid.UUID]int
 			continue
 		}
 		var project cardBoost
-		if err := c.do(ctx, http.MethodGet, c.catalogURL+"/cards/projects/"+cd.ID.String(), "", nil, &project); err != nil {
+		if err := c.do(ctx, http.MethodGet, c.catalogURL+"/cards/projects/"+cd.ID.String(), c.feedToken, nil, &project); err != nil {
 			return nil, err
 		}
 		out[cd.ID] = project.PromotionBoost
 		var objects struct{ Items []cardBoost }
-		if err := c.do(ctx, http.MethodGet, c.catalogURL+"/cards/projects/"+cd.ID.String()+"/property-objects", "", nil, &objects); err != nil {
+		if err := c.do(ctx, http.MethodGet, c.catalogURL+"/cards/projects/"+cd.ID.String()+"/property-objects", c.feedToken, nil, &objects); err != nil {
 			return nil, err
 		}
 		for _, o := range objects.Items {
@@ -161,7 +163,7 @@ const postOnlyMetric = `catalog_promotion_consumed_total{outcome="post_only"}`
 // postOnlyIgnored reads postOnlyMetric from the catalog's /metrics: no card
 // shows that the catalog saw a Post-only purchase, its metric does.
 func (c client) postOnlyIgnored(ctx context.Context) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.catalogURL+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.catalogInternalURL+"/metrics", nil)
 	if err != nil {
 		return 0, err
 	}

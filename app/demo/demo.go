@@ -27,8 +27,11 @@ import (
 type Config struct {
 	// PromotionURL and CatalogURL are the two APIs, such as http://127.0.0.1:8080.
 	PromotionURL, CatalogURL string
-	// APIToken is a tenant manager's bearer token; AdminToken the card feed's.
-	APIToken, AdminToken string
+	// CatalogInternalURL is the catalog's internal listener, where its
+	// /metrics is, such as http://127.0.0.1:9081.
+	CatalogInternalURL string
+	// APIToken is a tenant manager's bearer token; FeedToken the card feed's.
+	APIToken, FeedToken string
 	// Poll is how often the demo reads the cards and its purchases. Defaults to 200ms.
 	Poll time.Duration
 	// StepTimeout is the most time one step waits for the cards to show it. Defaults to 30s.
@@ -68,11 +71,11 @@ func (c *Config) setDefaults() {
 // Validate reports every missing or bad setting.
 func (c Config) Validate() error {
 	var errs []error
-	if c.PromotionURL == "" || c.CatalogURL == "" {
-		errs = append(errs, errors.New("demo: both API URLs are required"))
+	if c.PromotionURL == "" || c.CatalogURL == "" || c.CatalogInternalURL == "" {
+		errs = append(errs, errors.New("demo: both API URLs and the catalog's internal URL are required"))
 	}
-	if c.APIToken == "" || c.AdminToken == "" {
-		errs = append(errs, errors.New("demo: an API token and the admin token are required"))
+	if c.APIToken == "" || c.FeedToken == "" {
+		errs = append(errs, errors.New("demo: an API token and the feed token are required"))
 	}
 	if c.Poll <= 0 || c.StepTimeout <= 0 {
 		errs = append(errs, errors.New("demo: poll and step timeout must be > 0"))
@@ -155,8 +158,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	r := &run{cfg: cfg, api: client{http: cfg.HTTP, promotionURL: cfg.PromotionURL, catalogURL: cfg.CatalogURL,
-		apiToken: cfg.APIToken, adminToken: cfg.AdminToken}, cards: newCatalog(),
+	r := &run{cfg: cfg, api: client{http: cfg.HTTP, promotionURL: cfg.PromotionURL, catalogURL: cfg.CatalogURL, catalogInternalURL: cfg.CatalogInternalURL,
+		apiToken: cfg.APIToken, feedToken: cfg.FeedToken}, cards: newCatalog(),
 		boost: map[uuid.UUID]int{}, changes: map[uuid.UUID]CardState{}}
 	err := r.play(ctx)
 	if ctx.Err() != nil {

@@ -89,6 +89,9 @@ type Config struct {
 	// switch rolls back, lets the writers go on for SwitchWait, catches up
 	// and tries again. Defaults to 2s.
 	SwitchWait time.Duration
+	// Cooldown refuses a rebuild (a *CooldownError) that would start within
+	// this long after the last one started, in any process. Zero: none.
+	Cooldown time.Duration
 }
 
 // Validate reports every missing or out-of-range setting.
@@ -109,6 +112,9 @@ func (c Config) Validate() error {
 	}
 	if c.SwitchWait < time.Millisecond || c.SwitchStatementTimeout < time.Millisecond || c.SwitchIdleTimeout < time.Millisecond {
 		errs = append(errs, errors.New("rebuild: switch wait, statement timeout and idle timeout must be at least 1ms"))
+	}
+	if c.Cooldown < 0 {
+		errs = append(errs, errors.New("rebuild: cooldown must be >= 0"))
 	}
 	if c.SwitchMaxRecords < c.SwitchRecords {
 		errs = append(errs, errors.New("rebuild: switch max records must be >= switch records"))

@@ -21,9 +21,21 @@ import (
 // went longer than StaleAfter without writing its progress.
 var errLeaseLost = errors.New("rebuild lease lost: no progress written for longer than the stale limit, and another rebuild took over")
 
+// CooldownError is a rebuild requested within the cooldown after the last
+// one started (Config.Cooldown).
+type CooldownError struct {
+	// RetryAfter is when the cooldown ends, from now.
+	RetryAfter time.Duration
+}
+
+func (e *CooldownError) Error() string {
+	return fmt.Sprintf("a rebuild started less than the cooldown ago; the next may start in %s", e.RetryAfter.Round(time.Second))
+}
+
 // acquire records st as the running rebuild, or returns ErrRunning when
-// another one holds the lease.
-func acquire(ctx context.Context, db *sqlx.DB, st Status, staleAfter time.Duration) error {
+// another one holds the lease, or a *CooldownError when the last one started
+// within cooldown (0: none).
+func acquire(ctx context.Context, db *sqlx.DB, st Status, staleAfter, cooldown time.Duration) error {
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin rebuild lease: %w", err)
@@ -42,6 +54,21 @@ func acquire(ctx context.Context, db *sqlx.DB, st Status, staleAfter time.Durati
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
 		return errors.Join(ErrRunning, err)
+	}
+	if cooldown > 0 {
+		// The rows are the cluster's history of rebuilds, so the cooldown
+		// holds across processes: each rebuild re-reads the whole topic and
+		// rewrites the replica, and a loop of requests would keep it busy.
+		// Read after the insert: a running rebuild answers ErrRunning first,
+		// and a refused one's row is rolled back.
+		var wait float64
+		if err := tx.GetContext(ctx, &wait, `SELECT COALESCE(EXTRACT(EPOCH FROM max(started_at) + make_interval(secs => $1) - now()), 0)::float8
+			FROM catalog.projection_rebuilds WHERE id <> $2`, cooldown.Seconds(), st.ID); err != nil {
+			return fmt.Errorf("read last rebuild start: %w", err)
+		}
+		if wait > 0 {
+			return &CooldownError{RetryAfter: time.Duration(wait * float64(time.Second))}
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit rebuild lease: %w", err)

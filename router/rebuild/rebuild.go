@@ -230,7 +230,7 @@ func (r *Rebuilder) execute(ctx context.Context, started chan<- error) (err erro
 	defer cancel(nil)
 	cur := &run{id: uuid.New(), startedAt: time.Now().UTC(), cancel: cancel, done: make(chan struct{})}
 	defer close(cur.done)
-	if err := acquire(ctx, r.cfg.DB, Status{ID: cur.id.String(), StartedAt: &cur.startedAt}, r.cfg.StaleAfter); err != nil {
+	if err := acquire(ctx, r.cfg.DB, Status{ID: cur.id.String(), StartedAt: &cur.startedAt}, r.cfg.StaleAfter, r.cfg.Cooldown); err != nil {
 		return err
 	}
 	r.mu.Lock()

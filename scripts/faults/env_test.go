@@ -94,7 +94,7 @@ func suffix() string {
 func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	t.Helper()
 	sfx := suffix()
-	e := &env{s: s, t: t, ctx: context.Background(), admin: "admin-" + sfx, created: map[uuid.UUID]bool{}, answered: map[uuid.UUID]time.Time{}, malformed: map[string]bool{},
+	e := &env{s: s, t: t, ctx: context.Background(), admin: "catalog-admin-token-" + sfx, created: map[uuid.UUID]bool{}, answered: map[uuid.UUID]time.Time{}, malformed: map[string]bool{},
 		lost: map[uuid.UUID]bool{}, reconciled: map[uuid.UUID]bool{}, promotionFlags: sc.promotionFlags,
 		kafkaVia: set(sc.kafkaVia), pgVia: set(sc.pgVia),
 		topic: "pin.promotion.purchase-changed.faults-" + sfx, dlq: "pin.catalog.promotion-boost-dlq.faults-" + sfx,
@@ -143,7 +143,7 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 		}
 	})
 	for i := range 3 {
-		e.tenants = append(e.tenants, tenant{token: fmt.Sprintf("token-%d-%s", i, sfx), id: uuid.New()})
+		e.tenants = append(e.tenants, tenant{token: fmt.Sprintf("tenant-token-%d-%s", i, sfx), id: uuid.New()})
 	}
 	e.startProxies(u)
 	if e.pair != nil && e.pgProxy != nil {
@@ -207,7 +207,7 @@ func (e *env) promotionArgs(name string) []string {
 
 func (e *env) catalogArgs(name string) []string {
 	return []string{"--database-url", e.dbFor(name), "--kafka-brokers", e.kafkaFor(name), "--topic", e.topic, "--dlq-topic", e.dlq,
-		"--replay-topic", e.replay, "--consumer-group", e.group, "--admin-token", e.admin,
+		"--replay-topic", e.replay, "--consumer-group", e.group, "--admin-token", e.admin, "--feed-token", "feed-" + e.admin,
 		"--audit-interval", "2s", "--log-level", "warn"}
 }
 
@@ -270,7 +270,7 @@ func (e *env) seedCards() {
 func (e *env) put(path string, body any) {
 	raw, _ := json.Marshal(body)
 	req, _ := http.NewRequest(http.MethodPut, "http://"+e.catalogs[0].addr+path, bytes.NewReader(raw))
-	req.Header.Set("Authorization", "Bearer "+e.admin)
+	req.Header.Set("Authorization", "Bearer feed-"+e.admin)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatalf("card feed: %v", err)

@@ -101,7 +101,7 @@ func rebuildUnderLoad(t *testing.T, e *env) int {
 }
 
 func (e *env) adminCall(method string, p *proc, path string, into any) int {
-	req, _ := http.NewRequest(method, "http://"+p.addr+path, nil)
+	req, _ := http.NewRequest(method, "http://"+p.internal+path, nil)
 	req.Header.Set("Authorization", "Bearer "+e.admin)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

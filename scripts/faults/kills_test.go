@@ -237,7 +237,7 @@ func killMidBatch(t *testing.T, e *env) int {
 // is an error.
 func metric(p *proc, name string) (float64, error) {
 	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + p.addr + "/metrics")
+	resp, err := c.Get("http://" + p.internal + "/metrics")
 	if err != nil {
 		return 0, fmt.Errorf("metrics of %s: %w", p.name, err)
 	}

@@ -29,8 +29,11 @@ type proc struct {
 	name string // e.g. promotion-1
 	job  string // promotion or catalog
 	addr string
-	args []string
-	bin  string
+	// internal is the process's internal listener (ADMIN_ADDR): /metrics
+	// and /admin, which the public addr does not serve.
+	internal string
+	args     []string
+	bin      string
 	// env is added to the suite's environment.
 	env  []string
 	logs string
@@ -68,8 +71,8 @@ func (x exitRecord) String() string {
 
 // newProc makes the process named job-n; args gives its arguments by name.
 func newProc(t *testing.T, s *suite, job string, n int, args func(name string) []string) *proc {
-	p := &proc{name: fmt.Sprintf("%s-%d", job, n), job: job, addr: freeAddr(t), bin: s.bin}
-	p.args = append([]string{job, "--http-addr", p.addr}, args(p.name)...)
+	p := &proc{name: fmt.Sprintf("%s-%d", job, n), job: job, addr: freeAddr(t), internal: freeAddr(t), bin: s.bin}
+	p.args = append([]string{job, "--http-addr", p.addr, "--admin-addr", p.internal}, args(p.name)...)
 	// Each process names its PostgreSQL sessions, so a scenario can see
 	// which one is inside a transaction.
 	for i, a := range p.args {

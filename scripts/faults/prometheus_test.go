@@ -94,7 +94,7 @@ func (p *prometheus) scrape(t *testing.T, procs []*proc) {
 	groups := map[string][]map[string]any{"promotion": {}, "catalog": {}}
 	for _, pr := range procs {
 		groups[pr.job] = append(groups[pr.job], map[string]any{
-			"targets": []string{pr.addr}, "labels": map[string]string{"process": pr.name}})
+			"targets": []string{pr.internal}, "labels": map[string]string{"process": pr.name}})
 	}
 	for job, g := range groups {
 		raw, err := json.Marshal(g)
