@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,17 +127,27 @@ func TestPromotionCommand_PurchaseAppearsOnKafkaAsActiveThenExpired(t *testing.T
 	}
 }
 
+// freeAddr is a loopback address nothing listens on now. The kernel may hand
+// a port it just gave back out again, so that two calls
+// (a process's public and internal listeners) would name one port: a port
+// this test run handed out before is never handed out again.
 func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return fmt.Sprintf("127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if _, seen := handedOut.LoadOrStore(port, true); !seen {
+			return fmt.Sprintf("127.0.0.1:%d", port)
+		}
+	}
 }
 
-// TestPromotionSettings_RelayTransactionalIDDefaultsToTheTopicsAndOffTurnsItOff:
-// unset, the relay's producer is transactional with an id that follows
-// PROMOTION_TOPIC (the same in every process of one outbox); "off" turns
-// transactions off; any other value is the id.
+// handedOut are the ports freeAddr returned in this test run.
+var handedOut sync.Map
+
+// TestPromotionSettings_RelayTransactionalIDIsOffUnlessSet: unset or "off",
+// the relay's producer is not transactional; any other value is the id.
 func TestPromotionSettings_RelayTransactionalIDIsOffUnlessSet(t *testing.T) {
 	t.Setenv("PROMOTION_TOPIC", "pin.test.purchases")
 	parse := func(args ...string) string {

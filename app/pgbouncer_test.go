@@ -157,8 +157,13 @@ func TestPgBouncer_RestartMidTrafficLosesNothing(t *testing.T) {
 		require.Eventually(t, func() bool { return readyz(addr) == http.StatusServiceUnavailable }, 30*time.Second,
 			20*time.Millisecond, "%s/readyz says the database is down", addr)
 	}
-	require.Eventually(t, func() bool { return strings.Contains(catalogProc.out.String(), `"msg":"retrying"`) },
-		60*time.Second, 20*time.Millisecond, "the consumer retries the events it cannot apply")
+	// The consumer waits for the database: it retries the events it cannot
+	// apply, or, when its stop outlasted its group session and it rejoined,
+	// it cannot read its partitions' offsets and joins again until it can.
+	require.Eventually(t, func() bool {
+		out := catalogProc.out.String()
+		return strings.Contains(out, `"msg":"retrying"`) || strings.Contains(out, `"msg":"consumer-offsets-unreadable"`)
+	}, 60*time.Second, 20*time.Millisecond, "the consumer waits for the database: it retries the events it cannot apply")
 	p.bouncer.Start(t)
 	tr.waitFor(t, http.StatusCreated, tr.count(http.StatusCreated)+20)
 	stop()

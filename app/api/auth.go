@@ -129,11 +129,7 @@ func (t Tokens) authenticate(lim *limiters, next http.HandlerFunc) http.HandlerF
 			writeError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required")
 			return
 		}
-		if ok, wait := lim.allow(tenant.String()); !ok {
-			writeTooMany(w, wait)
-			return
-		}
-		next(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+		lim.metered(tenant.String(), w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)), next)
 	}
 }
 

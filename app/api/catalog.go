@@ -70,11 +70,7 @@ func (h *Catalog) guard(who string, want digest, next http.HandlerFunc) http.Han
 			writeError(w, http.StatusUnauthorized, "unauthorized", "the "+who+" bearer token is required")
 			return
 		}
-		if ok, wait := h.limit.allow(who); !ok {
-			writeTooMany(w, wait)
-			return
-		}
-		next(w, r)
+		h.limit.metered(who, w, r, next)
 	}
 }
 
