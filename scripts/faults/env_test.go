@@ -167,7 +167,7 @@ func newEnv(t *testing.T, s *suite, sc scenario) *env {
 	if sc.previous {
 		bin = s.previous(t).bin
 		for _, p := range e.all() {
-			p.bin = bin
+			p.asPrevious(bin)
 		}
 	}
 	migrateUp(t, bin, e.dbURL)
@@ -270,7 +270,11 @@ func (e *env) seedCards() {
 func (e *env) put(path string, body any) {
 	raw, _ := json.Marshal(body)
 	req, _ := http.NewRequest(http.MethodPut, "http://"+e.catalogs[0].addr+path, bytes.NewReader(raw))
-	req.Header.Set("Authorization", "Bearer feed-"+e.admin)
+	token := "feed-" + e.admin
+	if e.catalogs[0].previous {
+		token = e.admin
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatalf("card feed: %v", err)

@@ -231,7 +231,7 @@ func (e *env) quiesce(timeout time.Duration) time.Duration {
 func (e *env) checkDrift() {
 	from := time.Now()
 	for _, p := range e.catalogs {
-		series := fmt.Sprintf(`catalog_promotion_drift_cards{job="catalog",instance=%q}`, p.addr)
+		series := fmt.Sprintf(`catalog_promotion_drift_cards{job="catalog",instance=%q}`, p.internal)
 		var err error
 		if _, ok := eventually(e.ctx, 30*time.Second, func() bool {
 			var at float64

@@ -181,7 +181,7 @@ func (e *env) seenDown(p *proc, timeout time.Duration) bool {
 	var err error
 	_, ok := eventually(e.ctx, timeout, func() bool {
 		var up float64
-		up, err = e.s.prom.one(fmt.Sprintf(`up{instance=%q}`, p.addr))
+		up, err = e.s.prom.one(fmt.Sprintf(`up{instance=%q}`, p.internal))
 		return err != nil || up == 0
 	})
 	if err != nil {

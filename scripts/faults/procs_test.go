@@ -34,6 +34,8 @@ type proc struct {
 	internal string
 	args     []string
 	bin      string
+	// previous marks a process of the previous release (asPrevious).
+	previous bool
 	// env is added to the suite's environment.
 	env  []string
 	logs string
@@ -67,6 +69,22 @@ func (x exitRecord) String() string {
 		cause = "nobody asked"
 	}
 	return fmt.Sprintf("%s at %s (%s)", x.state, x.at.Format("15:04:05.000"), cause)
+}
+
+// asPrevious makes p a process of the previous release, bin: that release
+// has no internal listener and no feed token, so p serves /metrics and
+// /admin on its public address and takes the admin token for the feed.
+func (p *proc) asPrevious(bin string) {
+	p.bin, p.previous, p.internal = bin, true, p.addr
+	var args []string
+	for i := 0; i < len(p.args); i++ {
+		if p.args[i] == "--admin-addr" || p.args[i] == "--feed-token" {
+			i++ // and its value
+			continue
+		}
+		args = append(args, p.args[i])
+	}
+	p.args = args
 }
 
 // newProc makes the process named job-n; args gives its arguments by name.
