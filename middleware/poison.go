@@ -53,6 +53,10 @@ type PoisonConfig struct {
 	// SourceTopic is written to x-source-topic when the message context names no
 	// subscribed topic (the router always names it). Optional.
 	SourceTopic string
+	// ReplayTopic is the topic of DLQ replays: only a record read from it
+	// keeps the origin headers it carries (its first origin). A record of any
+	// other topic gets its own, whatever headers its producer wrote.
+	ReplayTopic string
 	// Logger receives the ERROR "dead-lettered" record. Defaults to slog.Default().
 	Logger *slog.Logger
 	// OnDeadLetter, if set, is called once for every dead-lettered message (for
@@ -186,7 +190,7 @@ func (c PoisonConfig) deadLetter(msg *message.Message, perm *Permanent) (*messag
 	// A replayed record that fails again keeps its first origin: the DLQ
 	// replay's ledger is keyed by it, so that each original is replayed
 	// once however many copies of it the DLQ holds.
-	first := hasOrigin(msg)
+	first := c.ReplayTopic != "" && message.SubscribeTopicFromCtx(ctx) == c.ReplayTopic && hasOrigin(msg)
 	if topic := cmp.Or(message.SubscribeTopicFromCtx(ctx), c.SourceTopic); topic != "" {
 		if !first {
 			dlq.Metadata.Set(HeaderSourceTopic, topic)

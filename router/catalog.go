@@ -180,7 +180,7 @@ func NewCatalog(db *sqlx.DB, m *CatalogMetrics, log *slog.Logger, cfg CatalogCon
 	}
 	c.closers = append(c.closers, dlq.Close)
 	poison, err := middleware.PoisonQueue(dlq, middleware.PoisonConfig{
-		Topic: cfg.DLQTopic, Logger: log, Fits: dlqLimit.Fits,
+		Topic: cfg.DLQTopic, ReplayTopic: cfg.ReplayTopic, Logger: log, Fits: dlqLimit.Fits,
 		OnDeadLetter: func(msg *message.Message, p *middleware.Permanent) {
 			m.DLQ.Inc()
 			if p.Code == middleware.CodeParked {
