@@ -245,7 +245,9 @@ func (e *env) randomRecord(i int) (*sarama.ProducerMessage, bool) {
 	valid := false
 	switch i % 8 {
 	case 0:
-		b := make([]byte, mrand.IntN(200))
+		// At least one byte: an empty value is a tombstone, which the
+		// consumer counts and skips instead of dead-lettering.
+		b := make([]byte, 1+mrand.IntN(199))
 		_, _ = rand.Read(b)
 		msg.Value = sarama.ByteEncoder(b)
 	case 1:
